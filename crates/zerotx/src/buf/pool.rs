@@ -1,0 +1,283 @@
+//! A pool of page-aligned blocks carved from one allocation.
+//!
+//! Why this is ours: io_uring registered buffers want one region pinned once, and zero-copy sends
+//! want page-aligned memory so a block pins as few pages as possible. A block is written through
+//! a [`PoolBufMut`], frozen into an immutable [`PooledBuf`] to be sent, and goes back to the pool
+//! when the last handle drops, or is reopened for writing with [`PooledBuf::into_mut`] once the
+//! sender returned it.
+#![allow(unsafe_code)]
+
+use std::alloc::{self, Layout};
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::SendBuf;
+
+const PAGE: usize = 4096;
+static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
+
+struct Inner {
+    base: NonNull<u8>,
+    layout: Layout,
+    block: usize,
+    count: usize,
+    region: u64,
+    free: Mutex<Vec<u32>>,
+}
+
+// SAFETY: the region is plain memory; each block is reachable through exactly one handle at a
+// time (the free list hands an index out once), so sharing `Inner` across threads is sound.
+unsafe impl Send for Inner {}
+// SAFETY: see Send; the free list is behind a Mutex.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // SAFETY: base was returned by alloc with exactly this layout, and every handle holds an
+        // Arc<Inner>, so no block is reachable any more.
+        unsafe { alloc::dealloc(self.base.as_ptr(), self.layout) };
+    }
+}
+
+/// A pool of `count` page-aligned blocks of `block_size` bytes each (rounded up to whole pages).
+#[derive(Clone)]
+pub struct BufPool {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufPool")
+            .field("block_size", &self.inner.block)
+            .field("count", &self.inner.count)
+            .field("available", &self.available())
+            .finish()
+    }
+}
+
+impl BufPool {
+    /// Allocates the region, zeroed. Fails with `InvalidInput` for a zero size or count, or a
+    /// region larger than the address space allows.
+    pub fn new(block_size: usize, count: usize) -> std::io::Result<Self> {
+        let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+        if block_size == 0 || count == 0 || count > u32::MAX as usize {
+            return Err(invalid(
+                "BufPool needs a block size and a count of at least 1",
+            ));
+        }
+        let block = block_size
+            .checked_next_multiple_of(PAGE)
+            .ok_or_else(|| invalid("BufPool block size too large"))?;
+        let total = block
+            .checked_mul(count)
+            .ok_or_else(|| invalid("BufPool region too large"))?;
+        let layout = Layout::from_size_align(total, PAGE)
+            .map_err(|_| invalid("BufPool region too large"))?;
+        // SAFETY: layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(ptr).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::OutOfMemory, "BufPool allocation failed")
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                base,
+                layout,
+                block,
+                count,
+                region: NEXT_REGION.fetch_add(1, Ordering::Relaxed),
+                free: Mutex::new((0..count as u32).rev().collect()),
+            }),
+        })
+    }
+
+    /// A free block to write into, or `None` when all are out.
+    pub fn take(&self) -> Option<PoolBufMut> {
+        let idx = self
+            .inner
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()?;
+        Some(PoolBufMut {
+            block: Block {
+                pool: self.inner.clone(),
+                idx,
+            },
+        })
+    }
+
+    /// Bytes per block (a multiple of the page size).
+    pub fn block_size(&self) -> usize {
+        self.inner.block
+    }
+
+    /// Blocks in the pool.
+    pub fn count(&self) -> usize {
+        self.inner.count
+    }
+
+    /// Blocks not handed out.
+    pub fn available(&self) -> usize {
+        self.inner
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// The whole region: `(address, length)`, for registering it with io_uring once.
+    pub fn region(&self) -> (*mut u8, usize) {
+        (self.inner.base.as_ptr(), self.inner.layout.size())
+    }
+
+    /// A process-unique id for the region, as [`SendBuf::registered`] reports it.
+    pub fn region_id(&self) -> u64 {
+        self.inner.region
+    }
+}
+
+struct Block {
+    pool: Arc<Inner>,
+    idx: u32,
+}
+
+impl Block {
+    fn offset(&self) -> usize {
+        self.idx as usize * self.pool.block
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        // SAFETY: idx < count, so the offset stays inside the allocation.
+        unsafe { self.pool.base.as_ptr().add(self.offset()) }
+    }
+}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        self.pool
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(self.idx);
+    }
+}
+
+/// A block being written. Derefs to the whole block; [`freeze`](Self::freeze) it to send.
+pub struct PoolBufMut {
+    block: Block,
+}
+
+impl fmt::Debug for PoolBufMut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PoolBufMut(block {})", self.block.idx)
+    }
+}
+
+impl PoolBufMut {
+    /// Makes the first `len` bytes an immutable, sendable buffer. Panics if `len` exceeds the
+    /// block size.
+    pub fn freeze(self, len: usize) -> PooledBuf {
+        assert!(
+            len <= self.block.pool.block,
+            "freeze({len}) beyond the pool's block size {}",
+            self.block.pool.block
+        );
+        PooledBuf {
+            block: self.block,
+            len,
+        }
+    }
+}
+
+impl Deref for PoolBufMut {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the block is in bounds, initialised (zeroed at allocation) and owned by this
+        // handle alone.
+        unsafe { std::slice::from_raw_parts(self.block.ptr(), self.block.pool.block) }
+    }
+}
+
+impl DerefMut for PoolBufMut {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in deref; &mut self makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.block.ptr(), self.block.pool.block) }
+    }
+}
+
+/// An immutable pooled buffer: what a sender takes. Its block returns to the pool on drop.
+pub struct PooledBuf {
+    block: Block,
+    len: usize,
+}
+
+impl fmt::Debug for PooledBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PooledBuf(block {}, {} bytes)", self.block.idx, self.len)
+    }
+}
+
+impl PooledBuf {
+    /// Reopens the block for writing, keeping it out of the pool. Only possible because the
+    /// sender gave this value back, which it does only after the kernel released the bytes.
+    pub fn into_mut(self) -> PoolBufMut {
+        PoolBufMut { block: self.block }
+    }
+}
+
+impl Deref for PooledBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: len <= block size (checked in freeze); the block is owned by this handle.
+        unsafe { std::slice::from_raw_parts(self.block.ptr(), self.len) }
+    }
+}
+
+// SAFETY: the block lies in a region that lives as long as any handle (Arc) and no other handle
+// can reach it; PooledBuf gives out only shared access.
+unsafe impl SendBuf for PooledBuf {
+    fn as_bytes(&self) -> &[u8] {
+        self
+    }
+
+    fn registered(&self) -> Option<(u64, usize)> {
+        Some((self.block.pool.region, self.block.offset()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_are_page_aligned_distinct_and_return_on_drop() {
+        let pool = BufPool::new(5000, 3).unwrap();
+        assert_eq!(pool.block_size(), 8192);
+        let mut a = pool.take().unwrap();
+        let b = pool.take().unwrap();
+        let c = pool.take().unwrap();
+        assert!(pool.take().is_none());
+        a[..4].copy_from_slice(b"abcd");
+        let fa = a.freeze(4);
+        assert_eq!(&*fa, b"abcd");
+        assert_eq!(fa.as_ptr() as usize % PAGE, 0);
+        assert_ne!(fa.as_ptr(), b.as_ptr());
+        assert_ne!(b.as_ptr(), c.as_ptr());
+        drop(b);
+        assert_eq!(pool.available(), 1);
+        let again = fa.into_mut();
+        assert_eq!(pool.available(), 1, "into_mut keeps the block out");
+        drop((again, c));
+        assert_eq!(pool.available(), 3);
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        assert!(BufPool::new(0, 1).is_err());
+        assert!(BufPool::new(1, 0).is_err());
+        assert!(BufPool::new(usize::MAX, 2).is_err());
+    }
+}

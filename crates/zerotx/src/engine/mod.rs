@@ -1,0 +1,102 @@
+//! Engines: the ways a buffer can leave, behind one trait.
+//!
+//! - [`EngineKind::Copy`]: `sendmsg(2)`, the kernel copies. Works on every socket kind.
+//! - [`EngineKind::MsgZerocopy`]: `sendmsg(MSG_ZEROCOPY)` with completions from the socket error
+//!   queue (TCP 4.14, UDP 5.0, vsock 6.7).
+//!
+//! Both are `sendmsg(2)` and differ only in the flag and in waiting for completions, so they share
+//! one implementation ([`sendmsg::SendmsgEngine`]); the trait is shaped for asynchronous engines
+//! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
+//! and names the descriptor to wait on in [`Engine::readiness`].
+
+pub(crate) mod sendmsg;
+
+use std::fmt;
+use std::io;
+use std::str::FromStr;
+
+use socket2::SockAddr;
+
+use crate::buf::SendBuf;
+use crate::error::SendError;
+use crate::report::{Readiness, Released, Stats};
+use crate::socket::Socket;
+
+/// Which engine a sender uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineKind {
+    /// Plain `sendmsg(2)`: the kernel copies.
+    Copy,
+    /// `sendmsg(MSG_ZEROCOPY)` and the socket error queue.
+    MsgZerocopy,
+}
+
+impl EngineKind {
+    /// Every engine, in the order tables show them.
+    pub const ALL: &'static [EngineKind] = &[EngineKind::Copy, EngineKind::MsgZerocopy];
+
+    /// The name the CLI and scripts use.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EngineKind::Copy => "copy",
+            EngineKind::MsgZerocopy => "msg-zc",
+        }
+    }
+
+    /// Whether the engine asks the kernel not to copy.
+    pub fn is_zerocopy(&self) -> bool {
+        matches!(self, EngineKind::MsgZerocopy)
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        EngineKind::ALL
+            .iter()
+            .copied()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = EngineKind::ALL.iter().map(|k| k.name()).collect();
+                format!(
+                    "unknown engine {s:?}; expected one of: {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// One way of sending. The sender validates input and owns the socket; the engine owns every
+/// buffer it accepted until it puts it into `out` in [`progress`](Engine::progress).
+pub(crate) trait Engine<B: SendBuf>: Send {
+    /// Accepts `buf` (now or queued) or hands it back.
+    fn try_send(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+    ) -> Result<(), SendError<B>>;
+
+    /// Without blocking: pushes queued bytes, reads completions, appends released buffers.
+    fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()>;
+
+    /// Buffers accepted and not yet released.
+    fn held(&self) -> usize;
+
+    /// What to wait for.
+    fn readiness(&self, sock: &Socket) -> Readiness;
+
+    /// Counters.
+    fn stats(&self) -> Stats;
+
+    /// Gives up: a partly sent head is ended with an error and released once the kernel is done
+    /// with it (into `out`, with anything else ready); returns the buffers the kernel may still
+    /// read, which the caller must never free.
+    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B>;
+}

@@ -1,0 +1,143 @@
+//! Errors a caller can act on.
+
+use std::fmt;
+use std::io;
+use std::os::fd::RawFd;
+
+use crate::socket::SockKind;
+
+/// Why a sender could not be made or a blocking operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The descriptor is not open.
+    #[error(
+        "fd {fd} is not an open file descriptor (EBADF): pass a socket you own and have not closed"
+    )]
+    BadFd {
+        /// The descriptor.
+        fd: RawFd,
+    },
+    /// The descriptor is open but is not a socket.
+    #[error("fd {fd} is not a socket (ENOTSOCK): zerotx sends on sockets only")]
+    NotASocket {
+        /// The descriptor.
+        fd: RawFd,
+    },
+    /// A listening socket cannot send.
+    #[error("the {kind} socket is listening: accept a connection and send on that socket")]
+    Listening {
+        /// What the socket is.
+        kind: SockKind,
+    },
+    /// A stream socket that is not connected.
+    #[error("the {kind} socket is not connected: connect it before making a sender")]
+    NotConnected {
+        /// What the socket is.
+        kind: SockKind,
+    },
+    /// The kernel, this socket kind or this build lacks a feature.
+    #[error("{feature} is not available: {reason}")]
+    Unsupported {
+        /// What was asked for.
+        feature: String,
+        /// Why not, and what to do instead.
+        reason: String,
+    },
+    /// A deadline passed with buffers still held by the kernel.
+    #[error("timed out with {outstanding} buffer(s) still held by the kernel (their completions have not arrived; is the peer reading?)")]
+    TimedOut {
+        /// Buffers still held.
+        outstanding: usize,
+    },
+    /// A system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> Self {
+        let kind = match &e {
+            Error::BadFd { .. } | Error::NotASocket { .. } => io::ErrorKind::InvalidInput,
+            Error::Listening { .. } | Error::NotConnected { .. } => io::ErrorKind::NotConnected,
+            Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            Error::TimedOut { .. } => io::ErrorKind::TimedOut,
+            Error::Io { source, .. } => source.kind(),
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// A send that did not start. Every variant hands the buffer back.
+pub enum SendError<B> {
+    /// The socket (or the kernel's zero-copy budget) is full: wait for
+    /// [`Sender::readiness`](crate::Sender::readiness), [`reap`](crate::Sender::reap), retry.
+    WouldBlock(B),
+    /// The call was wrong for this buffer or socket; `reason` says how.
+    Invalid {
+        /// The buffer, untouched.
+        buf: B,
+        /// What was wrong and what to do.
+        reason: &'static str,
+    },
+    /// The kernel refused the send before taking any byte (`EPIPE`, `EMSGSIZE`, ...).
+    Io {
+        /// The buffer, untouched.
+        buf: B,
+        /// The kernel's answer.
+        error: io::Error,
+    },
+}
+
+impl<B> SendError<B> {
+    /// The buffer, back.
+    pub fn into_inner(self) -> B {
+        match self {
+            SendError::WouldBlock(buf)
+            | SendError::Invalid { buf, .. }
+            | SendError::Io { buf, .. } => buf,
+        }
+    }
+
+    /// Whether this is [`SendError::WouldBlock`].
+    pub fn is_would_block(&self) -> bool {
+        matches!(self, SendError::WouldBlock(_))
+    }
+}
+
+impl<B> fmt::Debug for SendError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl<B> fmt::Display for SendError<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SendError::WouldBlock(_) => {
+                f.write_str("send would block: wait for readiness, reap, retry")
+            }
+            SendError::Invalid { reason, .. } => write!(f, "invalid send: {reason}"),
+            SendError::Io { error, .. } => write!(f, "send failed: {error}"),
+        }
+    }
+}
+
+impl<B> std::error::Error for SendError<B> {}
+
+impl<B> From<SendError<B>> for io::Error {
+    fn from(e: SendError<B>) -> Self {
+        match e {
+            SendError::WouldBlock(_) => io::ErrorKind::WouldBlock.into(),
+            SendError::Invalid { reason, .. } => {
+                io::Error::new(io::ErrorKind::InvalidInput, reason)
+            }
+            SendError::Io { error, .. } => error,
+        }
+    }
+}

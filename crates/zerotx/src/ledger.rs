@@ -1,0 +1,405 @@
+//! The completion ledger: which buffer each zero-copy id belongs to, and when a buffer is free.
+//!
+//! Why this is ours: no crate tracks `MSG_ZEROCOPY` ids. The kernel gives every successful
+//! `sendmsg(MSG_ZEROCOPY)` the next value of a per-socket u32 counter (wrapping at 2^32) and later
+//! reports inclusive, coalesced ranges `[lo, hi]` that may cross the wrap and may arrive in any
+//! order. One buffer can take several ids (a short TCP write sends the rest under a new id), and
+//! must stay held until every one of them completed.
+//!
+//! The ledger is pure: no syscalls, no clocks. It keeps a window of the ids in flight, oldest
+//! first, each pointing at a slot that holds the caller's item. A range is checked against the
+//! window as a whole before anything changes, so a range the kernel never should have sent (a
+//! duplicate, a stale id, an id from the future) is an error and leaves the ledger untouched.
+//!
+//! # The COPIED flag is a sample
+//! When the kernel extends a queued completion with a later one, the merged message keeps the
+//! first one's `ee_code`, so a coalesced range's COPIED flag describes its first send. The ledger
+//! marks every item in the range with the flag it was given; callers that need exact answers must
+//! drain the error queue often.
+//!
+//! # Calls that take several ids
+//! On vsock a large send that did not fit the peer's credit took several ids in one call (KERNEL.md).
+//! With [`Ledger::set_multi_id_calls`], a range that runs past the newest id is accepted when all
+//! ids still in flight belong to one item, the newest: the extra ids are given to that item, and
+//! the counter resynchronises to `hi + 1`. Keep one zero-copy send in flight on such sockets.
+
+use std::collections::VecDeque;
+
+use crate::cmsg::ZcRange;
+
+/// Identifies an item in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SlotId(usize);
+
+/// An item whose ids have all completed and which the caller has sealed.
+#[derive(Debug)]
+pub struct Settled<T> {
+    /// The caller's item (typically the buffer and its send record).
+    pub item: T,
+    /// Zero-copy ids the item took.
+    pub ids: u64,
+    /// Any of its ids completed with the COPIED flag.
+    pub kernel_copied: bool,
+}
+
+/// A completion range the ledger could not accept; the ledger is unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// Part of the range lies outside the ids in flight.
+    #[error(
+        "completion [{lo}, {hi}] is outside the ids in flight [{oldest}, {next_id}) (stale, \
+         duplicate or never sent)"
+    )]
+    OutOfWindow {
+        /// Range start.
+        lo: u32,
+        /// Range end.
+        hi: u32,
+        /// Oldest id in flight.
+        oldest: u32,
+        /// The id the next send will take.
+        next_id: u32,
+    },
+    /// An id in the range had already completed.
+    #[error("id {id} completed twice")]
+    Duplicate {
+        /// The id.
+        id: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    slot: usize,
+    done: bool,
+}
+
+#[derive(Debug)]
+struct Held<T> {
+    item: T,
+    ids: u64,
+    pending: u64,
+    sealed: bool,
+    copied: bool,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct Ledger<T> {
+    slots: Vec<Option<Held<T>>>,
+    free: Vec<usize>,
+    window: VecDeque<Entry>,
+    base: u32,
+    held: usize,
+    multi_id_calls: bool,
+}
+
+impl<T> Ledger<T> {
+    /// A ledger whose first send will take `first_id` (0 on a fresh socket).
+    pub fn new(first_id: u32) -> Self {
+        Self {
+            slots: Vec::new(),
+            free: Vec::new(),
+            window: VecDeque::new(),
+            base: first_id,
+            held: 0,
+            multi_id_calls: false,
+        }
+    }
+
+    /// Accept ranges that show one call took several ids (vsock). See the module docs.
+    pub fn set_multi_id_calls(&mut self, on: bool) {
+        self.multi_id_calls = on;
+    }
+
+    /// The id the next successful zero-copy send takes.
+    pub fn next_id(&self) -> u32 {
+        self.base.wrapping_add(self.window.len() as u32)
+    }
+
+    /// Items held: inserted and not yet returned by [`seal`](Self::seal) or
+    /// [`complete`](Self::complete).
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Ids sent and not yet completed.
+    pub fn ids_in_flight(&self) -> usize {
+        self.window.iter().filter(|e| !e.done).count()
+    }
+
+    /// Starts holding `item`. It is returned only once it is sealed and all its ids completed.
+    pub fn insert(&mut self, item: T) -> SlotId {
+        let held = Held {
+            item,
+            ids: 0,
+            pending: 0,
+            sealed: false,
+            copied: false,
+        };
+        self.held += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(held);
+                SlotId(i)
+            }
+            None => {
+                self.slots.push(Some(held));
+                SlotId(self.slots.len() - 1)
+            }
+        }
+    }
+
+    fn held_mut(&mut self, slot: SlotId) -> &mut Held<T> {
+        self.slots[slot.0]
+            .as_mut()
+            .expect("ledger slot used after it was settled")
+    }
+
+    /// The item in `slot`, to update its record while it is held.
+    pub fn item_mut(&mut self, slot: SlotId) -> &mut T {
+        &mut self.held_mut(slot).item
+    }
+
+    /// The item in `slot`.
+    pub fn item(&self, slot: SlotId) -> &T {
+        &self.slots[slot.0]
+            .as_ref()
+            .expect("ledger slot used after it was settled")
+            .item
+    }
+
+    /// Records that a zero-copy send for `slot` succeeded and took the next id; returns that id.
+    pub fn record_id(&mut self, slot: SlotId) -> u32 {
+        let id = self.next_id();
+        let held = self.held_mut(slot);
+        assert!(!held.sealed, "record_id on a sealed slot");
+        held.pending += 1;
+        held.ids += 1;
+        self.window.push_back(Entry {
+            slot: slot.0,
+            done: false,
+        });
+        id
+    }
+
+    /// No more ids will be recorded for `slot`. Returns the item at once if none are pending;
+    /// otherwise the item comes back from [`complete`](Self::complete).
+    pub fn seal(&mut self, slot: SlotId) -> Option<Settled<T>> {
+        let held = self.held_mut(slot);
+        held.sealed = true;
+        if held.pending == 0 {
+            Some(self.take(slot.0))
+        } else {
+            None
+        }
+    }
+
+    fn take(&mut self, i: usize) -> Settled<T> {
+        let held = self.slots[i].take().expect("slot settled twice");
+        self.free.push(i);
+        self.held -= 1;
+        Settled {
+            item: held.item,
+            ids: held.ids,
+            kernel_copied: held.copied,
+        }
+    }
+
+    /// Applies the completion `range`, appending items that became free to `out`. Returns how many
+    /// ids it completed. On error nothing changes.
+    pub fn complete(
+        &mut self,
+        range: ZcRange,
+        out: &mut Vec<Settled<T>>,
+    ) -> Result<u64, LedgerError> {
+        let off = u64::from(range.lo.wrapping_sub(self.base));
+        let count = range.count();
+        let len = self.window.len() as u64;
+        let out_of_window = LedgerError::OutOfWindow {
+            lo: range.lo,
+            hi: range.hi,
+            oldest: self.base,
+            next_id: self.next_id(),
+        };
+        if off >= len {
+            return Err(out_of_window);
+        }
+        let end = off + count;
+        if end > len {
+            self.extend_newest(off, end - len).ok_or(out_of_window)?;
+        }
+        let (lo, end) = (off as usize, end as usize);
+        if let Some(i) = (lo..end).find(|&i| self.window[i].done) {
+            return Err(LedgerError::Duplicate {
+                id: self.base.wrapping_add(i as u32),
+            });
+        }
+        for i in lo..end {
+            let entry = &mut self.window[i];
+            entry.done = true;
+            let slot = entry.slot;
+            let held = self.slots[slot]
+                .as_mut()
+                .expect("window points at a free slot");
+            held.pending -= 1;
+            held.copied |= range.copied;
+            if held.pending == 0 && held.sealed {
+                out.push(self.take(slot));
+            }
+        }
+        while self.window.front().is_some_and(|e| e.done) {
+            self.window.pop_front();
+            self.base = self.base.wrapping_add(1);
+        }
+        Ok(count)
+    }
+
+    /// Gives `extra` ids past the newest to the newest item, when the multi-id rule allows it.
+    fn extend_newest(&mut self, off: u64, extra: u64) -> Option<()> {
+        if !self.multi_id_calls {
+            return None;
+        }
+        let newest = self.window.back()?.slot;
+        let only_newest_in_flight = self
+            .window
+            .iter()
+            .skip(off as usize)
+            .all(|e| e.slot == newest && !e.done)
+            && self.window.iter().all(|e| e.done || e.slot == newest);
+        if !only_newest_in_flight || extra > u64::from(u32::MAX) - self.window.len() as u64 {
+            return None;
+        }
+        let held = self.slots[newest].as_mut()?;
+        held.pending += extra;
+        held.ids += extra;
+        for _ in 0..extra {
+            self.window.push_back(Entry {
+                slot: newest,
+                done: false,
+            });
+        }
+        Some(())
+    }
+
+    /// Removes every item still held, whatever its ids, for a caller that will never return them
+    /// (it leaks them so the kernel may keep reading). Ids in flight are forgotten.
+    pub fn take_all(&mut self) -> Vec<T> {
+        self.window.clear();
+        self.free.clear();
+        self.held = 0;
+        self.slots.drain(..).flatten().map(|h| h.item).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(lo: u32, hi: u32) -> ZcRange {
+        ZcRange {
+            lo,
+            hi,
+            copied: false,
+        }
+    }
+
+    #[test]
+    fn coalesced_range_across_the_wrap_releases_in_any_order() {
+        let mut l = Ledger::new(u32::MAX - 1);
+        let a = l.insert("a");
+        let b = l.insert("b");
+        let c = l.insert("c");
+        assert_eq!(l.record_id(a), u32::MAX - 1);
+        assert_eq!(l.record_id(b), u32::MAX);
+        assert_eq!(l.record_id(c), 0);
+        for s in [a, b, c] {
+            assert!(l.seal(s).is_none());
+        }
+        let mut out = Vec::new();
+        assert_eq!(l.complete(r(0, 0), &mut out), Ok(1));
+        assert_eq!(out.pop().unwrap().item, "c");
+        assert_eq!(l.complete(r(u32::MAX - 1, u32::MAX), &mut out), Ok(2));
+        assert_eq!(out.len(), 2);
+        assert_eq!(l.held(), 0);
+        assert_eq!(l.next_id(), 1);
+    }
+
+    #[test]
+    fn short_write_holds_until_every_id_completes() {
+        let mut l = Ledger::new(10);
+        let a = l.insert(());
+        l.record_id(a);
+        l.record_id(a);
+        assert!(l.seal(a).is_none());
+        let mut out = Vec::new();
+        l.complete(
+            ZcRange {
+                lo: 10,
+                hi: 10,
+                copied: true,
+            },
+            &mut out,
+        )
+        .unwrap();
+        assert!(out.is_empty(), "released with an id still in flight");
+        l.complete(r(11, 11), &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(out[0].kernel_copied);
+        assert_eq!(out[0].ids, 2);
+    }
+
+    #[test]
+    fn bad_ranges_change_nothing() {
+        let mut l = Ledger::new(0);
+        let a = l.insert(1);
+        l.record_id(a);
+        l.record_id(a);
+        l.seal(a);
+        let mut out = Vec::new();
+        assert!(matches!(
+            l.complete(r(0, 2), &mut out),
+            Err(LedgerError::OutOfWindow { .. })
+        ));
+        assert!(matches!(
+            l.complete(r(5, 5), &mut out),
+            Err(LedgerError::OutOfWindow { .. })
+        ));
+        l.complete(r(1, 1), &mut out).unwrap();
+        assert_eq!(
+            l.complete(r(0, 1), &mut out),
+            Err(LedgerError::Duplicate { id: 1 })
+        );
+        assert_eq!(l.ids_in_flight(), 1);
+        l.complete(r(0, 0), &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        // Stale: id 0 is long gone.
+        assert!(l.complete(r(0, 0), &mut out).is_err());
+    }
+
+    #[test]
+    fn multi_id_call_resynchronises_only_with_one_send_in_flight() {
+        let mut l = Ledger::new(0);
+        l.set_multi_id_calls(true);
+        let a = l.insert("big");
+        l.record_id(a);
+        l.seal(a);
+        let mut out = Vec::new();
+        // The kernel says the one call took ids 0..=4.
+        assert_eq!(l.complete(r(0, 4), &mut out), Ok(5));
+        assert_eq!(out.len(), 1);
+        assert_eq!(l.next_id(), 5);
+        // Two sends in flight: an id from the future is refused.
+        let b = l.insert("b");
+        let c = l.insert("c");
+        l.record_id(b);
+        l.record_id(c);
+        assert!(l.complete(r(5, 8), &mut out).is_err());
+        assert_eq!(out.len(), 1);
+        // Without the rule, it is refused even with one send in flight.
+        let mut strict = Ledger::new(0);
+        let d = strict.insert(());
+        strict.record_id(d);
+        assert!(strict.complete(r(0, 1), &mut Vec::new()).is_err());
+    }
+}

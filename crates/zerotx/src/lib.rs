@@ -1,0 +1,54 @@
+//! # zerotx: zero-copy socket transmit for Linux
+//!
+//! Linux can send socket data straight from a program's memory and tell the program later when
+//! it may reuse that memory. zerotx puts the kernel's zero-copy paths behind one [`Sender`] that
+//! takes owned, immutable buffers ([`SendBuf`]) and gives each back only after the kernel
+//! released it, with a [`Report`]: bytes sent, and whether the kernel really skipped the copy.
+//!
+//! ## Engines ([`EngineKind`])
+//! | engine | system call | kernel | without it |
+//! |---|---|---|---|
+//! | `copy` | `sendmsg(2)` | any | - |
+//! | `msg-zc` | `sendmsg(MSG_ZEROCOPY)` + `recvmsg(MSG_ERRQUEUE)` | TCP 4.14, UDP 5.0, vsock 6.7 | [`Error::Unsupported`] from [`Sender::new`] (`ENOPROTOOPT`/`EOPNOTSUPP` from `SO_ZEROCOPY`) |
+//!
+//! Kernel 6.18 refuses `SO_ZEROCOPY` on RAW, `AF_PACKET` and `AF_UNIX` sockets (`EOPNOTSUPP`):
+//! those send with `copy`. [`probe()`] tells what the running host supports.
+//!
+//! ## What zerotx gets right, and where it lives
+//! - Buffer lifetimes: [`buf`] documents the rule; no path frees a buffer the kernel may read.
+//! - Completion ids: u32, wrapping, coalesced into ranges that may cross 2^32, one buffer owning
+//!   several ids after a short write: the pure [`ledger`].
+//! - Control messages: the pure, length-checked, fuzzed [`cmsg`] decoder (IPv4, IPv6, vsock and
+//!   packet levels); other error-queue messages are skipped, never fatal.
+//! - `ENOBUFS` (`net.core.optmem_max`, `RLIMIT_MEMLOCK`): read completions and retry; with nothing
+//!   in flight, send that buffer by copy and count it ([`Stats::fallbacks`]).
+//! - A COPIED completion (loopback always copies) is a statistic ([`CopyReason::Kernel`]), not an
+//!   error.
+//!
+//! ## Why some things are ours
+//! The libc calls go through a small `sys` module over `libc` (and `socket2` for addresses);
+//! the id ledger, the error-queue decoder, the page-aligned pool and the engines exist in no crate
+//! made for the job, so they are written here and tested against the real kernel.
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod buf;
+pub mod cmsg;
+mod engine;
+mod error;
+pub mod ledger;
+pub mod probe;
+mod report;
+mod sender;
+mod socket;
+mod sys;
+pub mod testbed;
+
+pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
+pub use engine::EngineKind;
+pub use error::{Error, SendError};
+pub use probe::probe;
+pub use report::{CopyReason, Path, Readiness, Released, Report, Stats};
+pub use sender::{leaked_buffers, Closed, Sender, DROP_TIMEOUT};
+pub use socket::{Family, SockKind, SockType};
+pub use socket2::SockAddr;

@@ -1,0 +1,306 @@
+//! [`Sender`]: one socket, one engine, every buffer accounted for.
+
+use std::io;
+use std::mem;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use socket2::SockAddr;
+
+use crate::buf::SendBuf;
+use crate::engine::sendmsg::SendmsgEngine;
+use crate::engine::{Engine, EngineKind};
+use crate::error::{Error, SendError};
+use crate::report::{Readiness, Released, Stats};
+use crate::socket::{SockKind, SockType, Socket};
+use crate::sys;
+
+static LEAKED: AtomicU64 = AtomicU64::new(0);
+
+/// Buffers deliberately leaked, process-wide, because a sender was dropped or closed while the
+/// kernel could still read them. Non-zero means some peer never let its data be released in time.
+pub fn leaked_buffers() -> u64 {
+    LEAKED.load(Ordering::Relaxed)
+}
+
+/// How long [`Drop`] waits for outstanding buffers before leaking them.
+pub const DROP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What [`Sender::close`] gives back.
+#[derive(Debug)]
+pub struct Closed<B> {
+    /// Buffers released while closing (and any not yet reaped).
+    pub released: Vec<Released<B>>,
+    /// Buffers the kernel still held at the deadline: leaked on purpose, never freed.
+    pub kept: usize,
+    /// The socket, for a caller that wants to go on using it.
+    pub fd: OwnedFd,
+}
+
+/// Sends owned buffers on one socket through one engine, and gives each back only after the kernel
+/// released it.
+///
+/// The core never blocks: [`try_send`](Self::try_send) accepts a buffer or hands it back with
+/// [`SendError::WouldBlock`]; [`reap`](Self::reap) pushes what is queued and collects released
+/// buffers; [`readiness`](Self::readiness) says what to poll for. [`send`](Self::send),
+/// [`flush`](Self::flush) and [`close`](Self::close) block on top of it.
+///
+/// The socket must not have sent with `MSG_ZEROCOPY` before it was handed over: the sender counts
+/// completion ids from 0, as the kernel does for a fresh socket.
+///
+/// ```no_run
+/// use std::net::TcpStream;
+/// use std::time::Duration;
+/// use zerotx::{EngineKind, Sender};
+///
+/// let stream = TcpStream::connect("127.0.0.1:9000")?;
+/// let mut tx = Sender::new(stream, EngineKind::MsgZerocopy)?;
+/// tx.send(vec![7u8; 1 << 20])?;
+/// let mut done = Vec::new();
+/// tx.flush(Duration::from_secs(5))?;
+/// tx.reap(&mut done)?;
+/// println!("zero-copy: {}", done[0].report.path.is_zerocopy());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Sender<B: SendBuf> {
+    sock: Option<Socket>,
+    engine: Box<dyn Engine<B>>,
+    kind: EngineKind,
+    ready: Vec<Released<B>>,
+}
+
+impl<B: SendBuf> std::fmt::Debug for Sender<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("socket", &self.sock.as_ref().map(|s| s.kind))
+            .field("engine", &self.kind)
+            .field("held", &self.engine.held())
+            .finish()
+    }
+}
+
+impl<B: SendBuf> Sender<B> {
+    /// Makes a sender over a socket the caller owns (a `TcpStream`, `UdpSocket`, `UnixStream`,
+    /// `socket2::Socket`, `OwnedFd`...). Checks the descriptor (`getsockopt(SO_DOMAIN/SO_TYPE)`,
+    /// `getpeername`) and, for `MsgZerocopy`, enables `SO_ZEROCOPY`. Stream sockets must be
+    /// connected; datagram sockets may be connected or take a destination per send.
+    pub fn new(fd: impl Into<OwnedFd>, kind: EngineKind) -> Result<Self, Error> {
+        let sock = Socket::new(fd.into())?;
+        let engine: Box<dyn Engine<B>> = match kind {
+            EngineKind::Copy => Box::new(SendmsgEngine::new(&sock, false)),
+            EngineKind::MsgZerocopy => {
+                sock.enable_zerocopy()?;
+                Box::new(SendmsgEngine::new(&sock, true))
+            }
+        };
+        Ok(Self {
+            sock: Some(sock),
+            engine,
+            kind,
+            ready: Vec::new(),
+        })
+    }
+
+    /// Connects a TCP socket (IPv4 or IPv6) to `addr` and makes a sender over it.
+    pub fn connect_tcp(addr: SocketAddr, kind: EngineKind) -> Result<Self, Error> {
+        let stream = TcpStream::connect(addr).map_err(|source| Error::Io {
+            context: "connect(2) to the TCP peer",
+            source,
+        })?;
+        Self::new(stream, kind)
+    }
+
+    /// A UDP socket bound to the unspecified address of `addr`'s family and connected to `addr`.
+    pub fn connect_udp(addr: SocketAddr, kind: EngineKind) -> Result<Self, Error> {
+        let any: SocketAddr = if addr.is_ipv4() {
+            "0.0.0.0:0".parse().expect("literal address")
+        } else {
+            "[::]:0".parse().expect("literal address")
+        };
+        let io = |context| move |source| Error::Io { context, source };
+        let sock = UdpSocket::bind(any).map_err(io("bind(2) of the UDP socket"))?;
+        sock.connect(addr)
+            .map_err(io("connect(2) of the UDP socket"))?;
+        Self::new(sock, kind)
+    }
+
+    fn sock(&self) -> &Socket {
+        self.sock.as_ref().expect("socket present until close")
+    }
+
+    /// The engine in use.
+    pub fn engine(&self) -> EngineKind {
+        self.kind
+    }
+
+    /// What the socket is.
+    pub fn socket_kind(&self) -> SockKind {
+        self.sock().kind
+    }
+
+    /// Sends `buf` on the connected socket without blocking (`sendmsg(2)`, with `MSG_ZEROCOPY`
+    /// for the zero-copy engine). `Ok` means the sender owns the buffer until it comes back from
+    /// [`reap`](Self::reap); an error hands it back untouched.
+    pub fn try_send(&mut self, buf: B) -> Result<(), SendError<B>> {
+        self.submit(buf, None)
+    }
+
+    /// As [`try_send`](Self::try_send), to `dest` (datagram sockets).
+    pub fn try_send_to(&mut self, buf: B, dest: impl Into<SockAddr>) -> Result<(), SendError<B>> {
+        self.submit(buf, Some(dest.into()))
+    }
+
+    fn submit(&mut self, buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {
+        let sock = self.sock();
+        if buf.as_bytes().is_empty() {
+            return Err(SendError::Invalid {
+                buf,
+                reason: "zero-length buffer: there is nothing to send",
+            });
+        }
+        let stream = matches!(sock.kind.ty, SockType::Stream | SockType::Seqpacket);
+        if stream && dest.is_some() {
+            return Err(SendError::Invalid {
+                buf,
+                reason: "a destination was given for a connected stream socket: use try_send/send",
+            });
+        }
+        if dest.is_none() && !sock.connected {
+            return Err(SendError::Invalid {
+                buf,
+                reason: "the datagram socket is not connected: give a destination \
+                         (try_send_to/send_to) or connect it first",
+            });
+        }
+        let sock = self.sock.as_ref().expect("socket present until close");
+        self.engine.try_send(sock, buf, dest)
+    }
+
+    /// Without blocking: pushes queued bytes, reads completions, and appends every buffer the
+    /// kernel released to `out`. Returns how many it appended.
+    pub fn reap(&mut self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
+        let before = out.len();
+        out.append(&mut self.ready);
+        let sock = self.sock.as_ref().expect("socket present until close");
+        self.engine.progress(sock, out)?;
+        Ok(out.len() - before)
+    }
+
+    /// What to poll before calling [`reap`](Self::reap) or retrying a send.
+    pub fn readiness(&self) -> Readiness {
+        self.engine.readiness(self.sock())
+    }
+
+    /// Buffers accepted and not yet handed back by [`reap`](Self::reap).
+    pub fn outstanding(&self) -> usize {
+        self.engine.held() + self.ready.len()
+    }
+
+    /// Buffers the kernel still holds (outstanding minus those released and waiting to be reaped).
+    pub fn in_flight(&self) -> usize {
+        self.engine.held()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Waits (`poll(2)`) for the sender's readiness, up to `timeout`, then makes progress into the
+    /// sender's own list of released buffers.
+    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        let r = self.readiness();
+        sys::poll_one(r.fd, r.events, timeout)?;
+        self.progress_into_ready()
+    }
+
+    fn progress_into_ready(&mut self) -> io::Result<()> {
+        let sock = self.sock.as_ref().expect("socket present until close");
+        self.engine.progress(sock, &mut self.ready)
+    }
+
+    /// Sends `buf` on the connected socket, waiting while the socket or the kernel's zero-copy
+    /// budget is full. Released buffers wait in the sender for [`reap`](Self::reap).
+    pub fn send(&mut self, buf: B) -> Result<(), SendError<B>> {
+        self.send_blocking(buf, None)
+    }
+
+    /// As [`send`](Self::send), to `dest` (datagram sockets).
+    pub fn send_to(&mut self, buf: B, dest: impl Into<SockAddr>) -> Result<(), SendError<B>> {
+        self.send_blocking(buf, Some(dest.into()))
+    }
+
+    fn send_blocking(&mut self, mut buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {
+        loop {
+            match self.submit(buf, dest.clone()) {
+                Err(SendError::WouldBlock(b)) => {
+                    buf = b;
+                    if let Err(error) = self.wait(None) {
+                        return Err(SendError::Io { buf, error });
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Waits until the kernel released every buffer this sender holds, up to `timeout`. Released
+    /// buffers wait in the sender for [`reap`](Self::reap). Fails with [`Error::TimedOut`] naming
+    /// how many are still held.
+    pub fn flush(&mut self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        let io = |source| Error::Io {
+            context: "waiting for completions",
+            source,
+        };
+        loop {
+            self.progress_into_ready().map_err(io)?;
+            if self.engine.held() == 0 {
+                return Ok(());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::TimedOut {
+                    outstanding: self.engine.held(),
+                });
+            }
+            self.wait(Some(left)).map_err(io)?;
+        }
+    }
+
+    /// Flushes for up to `timeout`, then gives up the socket. Buffers the kernel still holds at
+    /// the deadline are kept (leaked, counted in [`Closed::kept`] and [`leaked_buffers`]), never
+    /// handed back early.
+    pub fn close(mut self, timeout: Duration) -> Closed<B> {
+        let _ = self.flush(timeout);
+        let (released, kept) = self.give_up();
+        let sock = self.sock.take().expect("socket present until close");
+        Closed {
+            released,
+            kept,
+            fd: sock.into_fd(),
+        }
+    }
+
+    fn give_up(&mut self) -> (Vec<Released<B>>, usize) {
+        let mut released = mem::take(&mut self.ready);
+        let kept = self.engine.shutdown(&mut released);
+        let n = kept.len();
+        LEAKED.fetch_add(n as u64, Ordering::Relaxed);
+        for buf in kept {
+            mem::forget(buf);
+        }
+        (released, n)
+    }
+}
+
+impl<B: SendBuf> Drop for Sender<B> {
+    fn drop(&mut self) {
+        if self.sock.is_some() && self.engine.held() > 0 {
+            let _ = self.flush(DROP_TIMEOUT);
+            let _ = self.give_up();
+        }
+    }
+}

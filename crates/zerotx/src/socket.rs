@@ -1,0 +1,185 @@
+//! The socket a sender owns: its kind, checked once at construction.
+
+use std::fmt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use crate::error::Error;
+use crate::sys;
+
+/// Address family of a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `AF_INET`.
+    Inet4,
+    /// `AF_INET6`.
+    Inet6,
+    /// `AF_UNIX`.
+    Unix,
+    /// `AF_VSOCK`.
+    Vsock,
+    /// `AF_PACKET`.
+    Packet,
+    /// Anything else, by number.
+    Other(i32),
+}
+
+/// Socket type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SockType {
+    /// `SOCK_STREAM`: bytes in order; a send may be short.
+    Stream,
+    /// `SOCK_DGRAM`.
+    Dgram,
+    /// `SOCK_SEQPACKET`.
+    Seqpacket,
+    /// `SOCK_RAW`.
+    Raw,
+    /// Anything else, by number.
+    Other(i32),
+}
+
+/// What a socket is, as the kernel reports it (`SO_DOMAIN`, `SO_TYPE`, `SO_PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SockKind {
+    /// Address family.
+    pub family: Family,
+    /// Type.
+    pub ty: SockType,
+    /// Protocol number.
+    pub protocol: i32,
+}
+
+impl SockKind {
+    pub(crate) fn from_raw(domain: i32, ty: i32, protocol: i32) -> Self {
+        let family = match domain {
+            libc::AF_INET => Family::Inet4,
+            libc::AF_INET6 => Family::Inet6,
+            libc::AF_UNIX => Family::Unix,
+            libc::AF_VSOCK => Family::Vsock,
+            libc::AF_PACKET => Family::Packet,
+            other => Family::Other(other),
+        };
+        let ty = match ty {
+            libc::SOCK_STREAM => SockType::Stream,
+            libc::SOCK_DGRAM => SockType::Dgram,
+            libc::SOCK_SEQPACKET => SockType::Seqpacket,
+            libc::SOCK_RAW => SockType::Raw,
+            other => SockType::Other(other),
+        };
+        Self {
+            family,
+            ty,
+            protocol,
+        }
+    }
+
+    /// A byte stream: sends may be short and must stay in order.
+    pub fn is_stream(&self) -> bool {
+        self.ty == SockType::Stream
+    }
+
+    /// One of the kinds zerotx knows how to send on (even if only by copy).
+    pub fn is_known(&self) -> bool {
+        !matches!(self.family, Family::Other(_)) && !matches!(self.ty, SockType::Other(_))
+    }
+}
+
+impl fmt::Display for SockKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v = match self.family {
+            Family::Inet4 => "4",
+            Family::Inet6 => "6",
+            _ => "",
+        };
+        match (self.family, self.ty) {
+            (Family::Inet4 | Family::Inet6, SockType::Stream) => write!(f, "tcp{v}"),
+            (Family::Inet4 | Family::Inet6, SockType::Dgram) => write!(f, "udp{v}"),
+            (Family::Inet4 | Family::Inet6, SockType::Raw) => write!(f, "raw{v}"),
+            (fam, ty) => {
+                let fam = match fam {
+                    Family::Unix => "unix".to_string(),
+                    Family::Vsock => "vsock".to_string(),
+                    Family::Packet => "packet".to_string(),
+                    Family::Inet4 => "inet4".to_string(),
+                    Family::Inet6 => "inet6".to_string(),
+                    Family::Other(n) => format!("family-{n}"),
+                };
+                let ty = match ty {
+                    SockType::Stream => "stream".to_string(),
+                    SockType::Dgram => "dgram".to_string(),
+                    SockType::Seqpacket => "seqpacket".to_string(),
+                    SockType::Raw => "raw".to_string(),
+                    SockType::Other(n) => format!("type-{n}"),
+                };
+                write!(f, "{fam}-{ty}")
+            }
+        }
+    }
+}
+
+/// A socket checked for use by a sender.
+#[derive(Debug)]
+pub(crate) struct Socket {
+    fd: OwnedFd,
+    pub(crate) kind: SockKind,
+    pub(crate) connected: bool,
+}
+
+impl Socket {
+    /// Classifies `fd`; refuses closed fds, non-sockets, listening and unconnected stream sockets.
+    pub(crate) fn new(fd: OwnedFd) -> Result<Self, Error> {
+        let raw = fd.as_raw_fd();
+        let info = sys::sock_info(fd.as_fd()).map_err(|e| match e.raw_os_error() {
+            Some(libc::EBADF) => Error::BadFd { fd: raw },
+            Some(libc::ENOTSOCK) => Error::NotASocket { fd: raw },
+            _ => Error::Io {
+                context: "getsockopt(SO_DOMAIN/SO_TYPE) on the socket",
+                source: e,
+            },
+        })?;
+        let kind = SockKind::from_raw(info.domain, info.ty, info.protocol);
+        if !kind.is_known() {
+            return Err(Error::Unsupported {
+                feature: format!("sending on a {kind} socket"),
+                reason: "zerotx sends on TCP, UDP, RAW, AF_UNIX, AF_VSOCK and AF_PACKET sockets"
+                    .into(),
+            });
+        }
+        if info.listening {
+            return Err(Error::Listening { kind });
+        }
+        if matches!(kind.ty, SockType::Stream | SockType::Seqpacket) && !info.connected {
+            return Err(Error::NotConnected { kind });
+        }
+        Ok(Self {
+            fd,
+            kind,
+            connected: info.connected,
+        })
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub(crate) fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
+    /// `SO_ZEROCOPY`, with "not supported here" answers mapped to [`Error::Unsupported`].
+    pub(crate) fn enable_zerocopy(&self) -> Result<(), Error> {
+        sys::enable_zerocopy(self.fd()).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOPROTOOPT | libc::EOPNOTSUPP | sys::ENOTSUPP) => Error::Unsupported {
+                feature: format!("MSG_ZEROCOPY on {} sockets", self.kind),
+                reason: format!(
+                    "setsockopt(SO_ZEROCOPY) answered {e}; use the copy engine (this kernel \
+                     offers zero-copy on TCP, UDP and, with a vhost/virtio transport, vsock)"
+                ),
+            },
+            _ => Error::Io {
+                context: "setsockopt(SO_ZEROCOPY)",
+                source: e,
+            },
+        })
+    }
+}

@@ -1,0 +1,278 @@
+//! The thin layer where every libc call lives.
+//!
+//! Nothing outside this module (and the buffer pool's allocation) says `unsafe`. Each function here
+//! names the syscall it stands on, turns `-1` into [`io::Error::last_os_error`] through one
+//! [`syscall!`] macro and retries `EINTR` in one place ([`retry`]).
+#![allow(unsafe_code)]
+
+use std::io::{self, IoSlice};
+use std::mem::{self, MaybeUninit};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use socket2::SockAddr;
+
+pub mod uring;
+
+/// `SO_ZEROCOPY` (asm-generic/socket.h); libc has it, spelled here so the number is visible.
+pub const SO_ZEROCOPY: libc::c_int = 60;
+/// `MSG_ZEROCOPY` (linux/socket.h).
+pub const MSG_ZEROCOPY: libc::c_int = 0x400_0000;
+/// The kernel-internal `ENOTSUPP`, which some protocols leak to userspace.
+pub const ENOTSUPP: i32 = 524;
+
+/// Calls a libc function and turns a `-1` return into `io::Error::last_os_error()`.
+macro_rules! syscall {
+    ($fn:ident ( $($arg:expr),* $(,)? )) => {{
+        // SAFETY: the caller of the macro upholds the function's contract; every call site
+        // below passes pointers to live, correctly sized values.
+        let res = unsafe { libc::$fn($($arg),*) };
+        if res == -1 {
+            Err(::std::io::Error::last_os_error())
+        } else {
+            Ok(res)
+        }
+    }};
+}
+
+/// Runs `f` again while it fails with `EINTR`: the one place that retries interrupted calls.
+pub fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+fn getsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> io::Result<i32> {
+    let mut val: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        level,
+        name,
+        (&mut val as *mut libc::c_int).cast(),
+        &mut len
+    ))?;
+    Ok(val)
+}
+
+/// `setsockopt(fd, level, name, &int)`.
+pub fn setsockopt_int(
+    fd: BorrowedFd<'_>,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: i32,
+) -> io::Result<()> {
+    syscall!(setsockopt(
+        fd.as_raw_fd(),
+        level,
+        name,
+        (&val as *const libc::c_int).cast(),
+        mem::size_of::<libc::c_int>() as libc::socklen_t
+    ))?;
+    Ok(())
+}
+
+/// What `getsockopt(SO_DOMAIN/SO_TYPE/SO_PROTOCOL/SO_ACCEPTCONN)` and `getpeername` say of a socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawSockInfo {
+    /// `AF_*`.
+    pub domain: i32,
+    /// `SOCK_*`.
+    pub ty: i32,
+    /// `IPPROTO_*` or the packet socket's ethertype.
+    pub protocol: i32,
+    /// `SO_ACCEPTCONN`: a listening socket.
+    pub listening: bool,
+    /// `getpeername` succeeded.
+    pub connected: bool,
+}
+
+/// Reads the socket's domain, type, protocol and state. `EBADF` and `ENOTSOCK` pass through.
+pub fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
+    let domain = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
+    let ty = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)?;
+    let protocol = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
+    let listening = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN)? != 0;
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let mut len = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let connected = syscall!(getpeername(
+        fd.as_raw_fd(),
+        storage.as_mut_ptr().cast(),
+        &mut len
+    ))
+    .is_ok();
+    Ok(RawSockInfo {
+        domain,
+        ty,
+        protocol,
+        listening,
+        connected,
+    })
+}
+
+/// `setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)`.
+pub fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
+}
+
+/// `sendmsg(2)` with `MSG_DONTWAIT | MSG_NOSIGNAL | extra_flags`, retried on `EINTR`.
+pub fn sendmsg(
+    fd: BorrowedFd<'_>,
+    iov: &[IoSlice<'_>],
+    dest: Option<&SockAddr>,
+    extra_flags: libc::c_int,
+) -> io::Result<usize> {
+    // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    if let Some(addr) = dest {
+        msg.msg_name = addr.as_ptr() as *mut libc::c_void;
+        msg.msg_namelen = addr.len();
+    }
+    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | extra_flags;
+    retry(|| {
+        let n = syscall!(sendmsg(fd.as_raw_fd(), &msg, flags))?;
+        Ok(n as usize)
+    })
+}
+
+/// One message read from the socket error queue.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrQueueRead {
+    /// Bytes of control data the kernel wrote into the buffer.
+    pub control_len: usize,
+}
+
+/// `recvmsg(fd, MSG_ERRQUEUE | MSG_DONTWAIT)` into `control`. `Ok(None)` when the queue is empty.
+/// A message whose control data did not fit (`MSG_CTRUNC`) is an error, never a partial decode.
+pub fn recv_errqueue(fd: BorrowedFd<'_>, control: &mut [u8]) -> io::Result<Option<ErrQueueRead>> {
+    // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = control.len() as _;
+    let res = retry(|| {
+        syscall!(recvmsg(
+            fd.as_raw_fd(),
+            &mut msg,
+            libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT
+        ))
+    });
+    match res {
+        Ok(_) => {
+            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "error-queue control message truncated (MSG_CTRUNC)",
+                ));
+            }
+            Ok(Some(ErrQueueRead {
+                control_len: msg.msg_controllen as usize,
+            }))
+        }
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// `poll(2)` on one fd; returns `revents` (0 on timeout). `None` waits forever.
+/// Takes a raw descriptor: a stale one makes poll report `POLLNVAL`, never touch other memory.
+pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
+    let ms = match timeout {
+        None => -1,
+        Some(d) => d.as_millis().clamp(0, i32::MAX as u128) as i32,
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    retry(|| syscall!(poll(&mut pfd, 1, ms)))?;
+    Ok(pfd.revents)
+}
+
+/// `socket(2)` with `SOCK_CLOEXEC`.
+pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+    let fd = syscall!(socket(domain, ty | libc::SOCK_CLOEXEC, protocol))?;
+    // SAFETY: socket(2) returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `uname(2)`: the kernel release string.
+pub fn kernel_release() -> io::Result<String> {
+    let mut uts = MaybeUninit::<libc::utsname>::zeroed();
+    syscall!(uname(uts.as_mut_ptr()))?;
+    // SAFETY: uname succeeded, so the struct is initialised and release is NUL-terminated.
+    let uts = unsafe { uts.assume_init() };
+    let bytes: Vec<u8> = uts
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// `getrlimit(RLIMIT_MEMLOCK)`: (soft, hard) in bytes, `None` for unlimited.
+pub fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    syscall!(getrlimit(libc::RLIMIT_MEMLOCK, &mut lim))?;
+    let conv = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
+    Ok((conv(lim.rlim_cur), conv(lim.rlim_max)))
+}
+
+/// `pthread_setaffinity`-style pinning of the calling thread to one CPU (`sched_setaffinity(0)`).
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is a plain bitmask for which all-zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
+    // SAFETY: CPU_SET only writes inside the set it is given.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    syscall!(sched_setaffinity(
+        0,
+        mem::size_of::<libc::cpu_set_t>(),
+        &set
+    ))?;
+    Ok(())
+}
+
+/// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: CPU time the calling thread has used.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // Cannot fail for this clock id on Linux; a zero reading would only make a figure look small.
+    let _ = syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts));
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// `unshare(CLONE_NEWNET)` for the calling thread: it (and the processes it spawns) enter a new,
+/// empty network namespace. Needs `CAP_SYS_ADMIN`.
+pub fn unshare_netns() -> io::Result<()> {
+    syscall!(unshare(libc::CLONE_NEWNET))?;
+    Ok(())
+}
+
+/// `ioctl(/dev/vsock, IOCTL_VM_SOCKETS_GET_LOCAL_CID)`: this host's vsock CID, if a transport is
+/// loaded.
+pub fn vsock_local_cid() -> io::Result<u32> {
+    const IOCTL_VM_SOCKETS_GET_LOCAL_CID: libc::c_ulong = 0x7b9;
+    let dev = std::fs::File::open("/dev/vsock")?;
+    let mut cid: u32 = u32::MAX;
+    syscall!(ioctl(
+        dev.as_raw_fd(),
+        IOCTL_VM_SOCKETS_GET_LOCAL_CID,
+        &mut cid as *mut u32
+    ))?;
+    if cid == u32::MAX {
+        return Err(io::Error::new(io::ErrorKind::NotFound, "no vsock CID"));
+    }
+    Ok(cid)
+}
