@@ -93,6 +93,7 @@ pub struct Stats {
 pub struct Readiness {
     /// The descriptor to poll: the socket, or the engine's io_uring.
     pub fd: RawFd,
-    /// `POLLOUT`, `POLLIN` or 0 (completions only).
+    /// `POLLOUT` (blocked on room in the socket), `POLLIN` (a ring's completions) or 0 (only
+    /// completions can help; `POLLERR` is implied).
     pub events: i16,
 }

@@ -221,6 +221,27 @@ impl<B: SendBuf> Sender<B> {
         self.engine.progress(sock, &mut self.ready)
     }
 
+    /// Blocks until at least one buffer is released or `timeout` passes (`None`: no limit), and
+    /// appends the released buffers to `out`. Returns at once with 0 when nothing is held.
+    pub fn wait_released(
+        &mut self,
+        out: &mut Vec<Released<B>>,
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let n = self.reap(out)?;
+            if n > 0 || self.engine.held() == 0 {
+                return Ok(n);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(0);
+            }
+            self.wait(left)?;
+        }
+    }
+
     /// Sends `buf` on the connected socket, waiting while the socket or the kernel's zero-copy
     /// budget is full. Released buffers wait in the sender for [`reap`](Self::reap).
     pub fn send(&mut self, buf: B) -> Result<(), SendError<B>> {

@@ -129,14 +129,24 @@ impl Socket {
     /// Classifies `fd`; refuses closed fds, non-sockets, listening and unconnected stream sockets.
     pub(crate) fn new(fd: OwnedFd) -> Result<Self, Error> {
         let raw = fd.as_raw_fd();
-        let info = sys::sock_info(fd.as_fd()).map_err(|e| match e.raw_os_error() {
-            Some(libc::EBADF) => Error::BadFd { fd: raw },
-            Some(libc::ENOTSOCK) => Error::NotASocket { fd: raw },
-            _ => Error::Io {
-                context: "getsockopt(SO_DOMAIN/SO_TYPE) on the socket",
-                source: e,
-            },
-        })?;
+        let info = match sys::sock_info(fd.as_fd()) {
+            Ok(info) => info,
+            Err(e) if e.raw_os_error() == Some(libc::EBADF) => {
+                // Not open: there is nothing to close, and closing the number later could close
+                // a descriptor someone else opened meanwhile.
+                std::mem::forget(fd);
+                return Err(Error::BadFd { fd: raw });
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSOCK) => {
+                return Err(Error::NotASocket { fd: raw })
+            }
+            Err(source) => {
+                return Err(Error::Io {
+                    context: "getsockopt(SO_DOMAIN/SO_TYPE) on the socket",
+                    source,
+                })
+            }
+        };
         let kind = SockKind::from_raw(info.domain, info.ty, info.protocol);
         if !kind.is_known() {
             return Err(Error::Unsupported {

@@ -282,9 +282,10 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
 
     fn readiness(&self, sock: &Socket) -> Readiness {
         use std::os::fd::AsRawFd;
+        // POLLOUT only while blocked on room; otherwise only completions (POLLERR) can help.
         let events = match self.waiting {
-            Wait::Completions => 0,
-            Wait::Writable | Wait::Nothing => libc::POLLOUT,
+            Wait::Writable => libc::POLLOUT,
+            Wait::Completions | Wait::Nothing => 0,
         };
         Readiness {
             fd: sock.fd().as_raw_fd(),

@@ -1,0 +1,439 @@
+//! Real-kernel tests: sockets on loopback and in network namespaces these tests create.
+//! Each scenario runs over every engine (`util::engines()`).
+
+mod util;
+
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+use std::time::Duration;
+
+use util::{fill, finish, tcp_pair, Peer};
+use zerotx::{BufPool, CopyReason, EngineKind, Error, Path, SendError, Sender};
+
+const MIB: u64 = 1 << 20;
+
+/// The path every buffer of a loopback or black-hole send should report.
+fn expected_path(kind: EngineKind, kernel_copies: bool) -> Path {
+    match (kind.is_zerocopy(), kernel_copies) {
+        (false, _) => Path::Copied(CopyReason::Engine),
+        (true, true) => Path::Copied(CopyReason::Kernel),
+        (true, false) => Path::ZeroCopy,
+    }
+}
+
+#[test]
+fn tcp_loopback_completions_arrive_and_are_copied() {
+    for v6 in [false, true] {
+        for &kind in util::engines() {
+            let (client, peer) = tcp_pair(v6, Peer::default());
+            let mut tx = Sender::new(client, kind).unwrap();
+            for i in 0..32u8 {
+                tx.send(vec![i; 64 * 1024]).unwrap();
+            }
+            let (released, stats) = finish(tx);
+            assert_eq!(released.len(), 32, "{kind} v6={v6}");
+            if kind.is_zerocopy() {
+                assert_eq!(stats.kernel_copied, 32, "{kind} v6={v6}: {stats:?}");
+            }
+            for r in &released {
+                assert_eq!(r.report.path, expected_path(kind, true), "{kind} v6={v6}");
+                assert_eq!(r.report.bytes, 64 * 1024);
+                assert!(r.report.error.is_none());
+            }
+            assert_eq!(peer.join().unwrap().bytes, 32 * 64 * 1024);
+        }
+    }
+}
+
+#[test]
+fn udp_black_hole_completions_are_zerocopy() {
+    util::in_black_hole(65535, |bh| {
+        for dest in [bh.v4, bh.v6] {
+            for &kind in util::engines() {
+                let mut tx = Sender::connect_udp(dest, kind).unwrap();
+                for _ in 0..200 {
+                    tx.send(vec![0x42; 65000]).unwrap();
+                }
+                let (released, stats) = finish(tx);
+                assert_eq!(released.len(), 200, "{kind} {dest}");
+                for r in &released {
+                    assert_eq!(r.report.path, expected_path(kind, false), "{kind} {dest}");
+                    assert_eq!(r.report.bytes, 65000);
+                }
+                if kind.is_zerocopy() {
+                    assert!(stats.completions > 0);
+                    assert_eq!(stats.zerocopy, 200, "{stats:?}");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn unconnected_udp_takes_a_destination_per_send() {
+    util::in_black_hole(65535, |bh| {
+        for &kind in util::engines() {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            let mut tx = Sender::new(sock, kind).unwrap();
+            let err = tx.try_send(vec![1; 100]).unwrap_err();
+            assert!(
+                err.to_string().contains("not connected"),
+                "unexpected error: {err}"
+            );
+            assert_eq!(err.into_inner(), vec![1; 100], "buffer handed back");
+            for _ in 0..50 {
+                tx.send_to(vec![2; 30000], bh.v4).unwrap();
+            }
+            let (released, _) = finish(tx);
+            assert_eq!(released.len(), 50);
+            assert!(released
+                .iter()
+                .all(|r| r.report.path == expected_path(kind, false)));
+        }
+    });
+}
+
+/// Sends `total` bytes of the stream pattern from pooled buffers, overwriting each buffer the
+/// moment it comes back; returns the sender's stats.
+fn pooled_stream(tx: &mut Sender<zerotx::PooledBuf>, total: u64, block: usize, count: usize) {
+    let pool = BufPool::new(block, count).unwrap();
+    let mut free: Vec<_> = (0..count).map(|_| pool.take().unwrap()).collect();
+    let mut out = Vec::new();
+    let recycle = |out: &mut Vec<zerotx::Released<zerotx::PooledBuf>>,
+                   free: &mut Vec<zerotx::PoolBufMut>| {
+        for r in out.drain(..) {
+            assert!(r.report.error.is_none(), "{:?}", r.report.error);
+            assert_eq!(r.report.bytes, r.buf.len());
+            let mut m = r.buf.into_mut();
+            m.fill(0xEE); // scribble: an early release would put this on the wire
+            free.push(m);
+        }
+    };
+    let mut offset = 0u64;
+    while offset < total {
+        let Some(mut b) = free.pop() else {
+            let n = tx
+                .wait_released(&mut out, Some(Duration::from_secs(30)))
+                .unwrap();
+            assert!(n > 0, "no buffer released within 30 s");
+            recycle(&mut out, &mut free);
+            continue;
+        };
+        let len = block.min((total - offset) as usize);
+        fill(&mut b[..len], offset);
+        tx.send(b.freeze(len)).unwrap();
+        offset += len as u64;
+        tx.reap(&mut out).unwrap();
+        recycle(&mut out, &mut free);
+    }
+    tx.flush(Duration::from_secs(30)).unwrap();
+    tx.reap(&mut out).unwrap();
+    recycle(&mut out, &mut free);
+    assert_eq!(free.len(), count, "every pooled buffer came back");
+}
+
+#[test]
+fn integrity_1gib_tcp_loopback_with_immediate_overwrite() {
+    for &kind in util::engines() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::new(client, kind).unwrap();
+        pooled_stream(&mut tx, 1024 * MIB, 256 * 1024, 16);
+        let stats = tx.stats();
+        drop(tx.close(Duration::from_secs(5)));
+        let got = peer.join().unwrap();
+        assert_eq!(got.bytes, 1024 * MIB, "{kind}");
+        assert_eq!(
+            got.mismatches, 0,
+            "{kind}: first bad byte at {:?}",
+            got.first_mismatch
+        );
+        assert_eq!(stats.bytes, 1024 * MIB);
+    }
+}
+
+#[test]
+fn short_writes_hold_the_buffer_until_every_part_completed() {
+    for &kind in util::engines() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                pause: Duration::from_millis(1),
+                rcvbuf: Some(64 * 1024),
+                ..Peer::default()
+            },
+        );
+        socket2::SockRef::from(&client)
+            .set_send_buffer_size(64 * 1024)
+            .unwrap();
+        let mut tx = Sender::new(client, kind).unwrap();
+        pooled_stream(&mut tx, 64 * MIB, 4 << 20, 3);
+        let stats = tx.stats();
+        assert!(
+            stats.syscalls > stats.sends,
+            "{kind}: expected short writes, stats {stats:?}"
+        );
+        drop(tx.close(Duration::from_secs(5)));
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (64 * MIB, 0), "{kind}");
+    }
+}
+
+#[test]
+fn peer_reset_mid_transfer_fails_clearly_and_returns_every_buffer() {
+    for &kind in util::engines() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                reset_after: Some(8 * MIB),
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::new(client, kind).unwrap();
+        let (mut created, mut back) = (0usize, 0usize);
+        let mut failure = None;
+        let mut out = Vec::new();
+        for _ in 0..4000 {
+            created += 1;
+            match tx.send(vec![7u8; 256 * 1024]) {
+                Ok(()) => {}
+                Err(SendError::Io { buf, error }) => {
+                    assert_eq!(buf.len(), 256 * 1024);
+                    back += 1;
+                    failure = Some(error);
+                    break;
+                }
+                Err(e) => panic!("{kind}: unexpected {e}"),
+            }
+            tx.reap(&mut out).unwrap();
+        }
+        let err = failure.unwrap_or_else(|| panic!("{kind}: 1 GB sent to a reset peer"));
+        assert!(
+            matches!(
+                err.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ),
+            "{kind}: {err}"
+        );
+        tx.flush(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{kind}: buffers stuck after reset: {e}"));
+        tx.reap(&mut out).unwrap();
+        back += out.len();
+        for r in &out {
+            assert!(r.report.bytes <= 256 * 1024);
+        }
+        assert_eq!(back, created, "{kind}: every buffer handed back");
+        assert_eq!(tx.outstanding(), 0);
+        peer.join().unwrap();
+    }
+}
+
+#[test]
+fn option_memory_enobufs_waits_or_falls_back_and_loses_nothing() {
+    util::in_black_hole(65535, |bh| {
+        // UDP into the black hole completes in order, and the kernel coalesces in-order
+        // completions into the one queued message, so option memory only runs out when not even
+        // one completion fits: then each buffer goes by copy.
+        zerotx::testbed::set_optmem_max(16).unwrap();
+        let mut tx = Sender::connect_udp(bh.v4, EngineKind::MsgZerocopy).unwrap();
+        for _ in 0..500 {
+            tx.send(vec![3u8; 16000]).unwrap();
+        }
+        let (released, stats) = finish(tx);
+        assert_eq!(released.len(), 500);
+        assert!(stats.enobufs >= 500, "{stats:?}");
+        assert_eq!(stats.fallbacks, 500, "{stats:?}");
+        assert!(released
+            .iter()
+            .all(|r| r.report.path == Path::Copied(CopyReason::Fallback)));
+        // TCP: completions only come as the peer's ACKs arrive.
+        zerotx::testbed::set_optmem_max(2048).unwrap();
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::new(client, EngineKind::MsgZerocopy).unwrap();
+        pooled_stream(&mut tx, 128 * MIB, 64 * 1024, 64);
+        let stats = tx.stats();
+        drop(tx.close(Duration::from_secs(5)));
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (128 * MIB, 0));
+        assert!(stats.enobufs > 0, "tcp: no ENOBUFS, {stats:?}");
+    });
+}
+
+const MEMLOCK_CHILD: &str = "ZEROTX_MEMLOCK_CHILD";
+
+#[test]
+fn locked_memory_limit_enobufs_in_a_child_process() {
+    if !util::require(
+        util::is_root(),
+        "needs root to drop CAP_IPC_LOCK in a child",
+    ) {
+        return;
+    }
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "memlock_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(MEMLOCK_CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("memlock_child: ok"),
+        "child failed:\n{stdout}\n{stderr}"
+    );
+}
+
+#[test]
+#[ignore = "runs in its own process, started by locked_memory_limit_enobufs_in_a_child_process"]
+fn memlock_child() {
+    if std::env::var(MEMLOCK_CHILD).is_err() {
+        return;
+    }
+    util::limit_locked_memory(32 * 1024);
+    let (client, peer) = tcp_pair(
+        false,
+        Peer {
+            verify: true,
+            ..Peer::default()
+        },
+    );
+    let mut tx = Sender::new(client, EngineKind::MsgZerocopy).unwrap();
+    pooled_stream(&mut tx, 64 * MIB, 64 * 1024, 32);
+    let stats = tx.stats();
+    drop(tx.close(Duration::from_secs(5)));
+    let got = peer.join().unwrap();
+    assert_eq!((got.bytes, got.mismatches), (64 * MIB, 0));
+    assert!(
+        stats.enobufs > 0,
+        "no ENOBUFS under a 32 KiB limit: {stats:?}"
+    );
+    println!(
+        "memlock_child: ok enobufs={} fallbacks={}",
+        stats.enobufs, stats.fallbacks
+    );
+}
+
+#[test]
+fn closing_with_buffers_in_flight_keeps_them() {
+    // A peer that never reads: unsent zero-copy data stays pinned in the socket buffer.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (_idle_peer, _) = listener.accept().unwrap();
+    let mut tx = Sender::new(client, EngineKind::MsgZerocopy).unwrap();
+    let mut accepted = 0;
+    loop {
+        match tx.try_send(vec![9u8; 256 * 1024]) {
+            Ok(()) => accepted += 1,
+            Err(SendError::WouldBlock(_)) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(accepted > 0);
+    let before = zerotx::leaked_buffers();
+    let closed = tx.close(Duration::from_millis(200));
+    assert!(closed.kept > 0, "nothing kept: the peer never read");
+    assert_eq!(closed.kept + closed.released.len(), accepted);
+    assert!(zerotx::leaked_buffers() >= before + closed.kept as u64);
+}
+
+#[test]
+fn af_unix_is_copy_only_and_says_so() {
+    let (a, mut b) = UnixStream::pair().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut b, &mut v).unwrap();
+        v.len()
+    });
+    let mut tx = Sender::new(a, EngineKind::Copy).unwrap();
+    assert_eq!(tx.socket_kind().to_string(), "unix-stream");
+    tx.send(vec![1u8; 1 << 20]).unwrap();
+    let (released, _) = finish(tx);
+    assert_eq!(released[0].report.path, Path::Copied(CopyReason::Engine));
+    assert_eq!(reader.join().unwrap(), 1 << 20);
+
+    let (a, _b) = UnixStream::pair().unwrap();
+    let err = Sender::<Vec<u8>>::new(a, EngineKind::MsgZerocopy).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("unix-stream"), "{err}");
+}
+
+#[test]
+fn bad_input_gets_a_clear_error() {
+    // A closed descriptor.
+    let f = std::fs::File::open("/dev/null").unwrap();
+    let raw = f.into_raw_fd();
+    // SAFETY: raw came from into_raw_fd and is closed exactly once, here.
+    assert_eq!(unsafe { libc::close(raw) }, 0);
+    // SAFETY: deliberately wraps a closed number; Sender::new must not close it again.
+    let closed = unsafe { OwnedFd::from_raw_fd(raw) };
+    let err = Sender::<Vec<u8>>::new(closed, EngineKind::Copy).unwrap_err();
+    assert!(matches!(err, Error::BadFd { .. }), "{err}");
+    assert!(err.to_string().contains("not an open file descriptor"));
+
+    // Not a socket.
+    let f = std::fs::File::open("/dev/null").unwrap();
+    let err = Sender::<Vec<u8>>::new(f, EngineKind::Copy).unwrap_err();
+    assert!(err.to_string().contains("not a socket"), "{err}");
+
+    // A listening socket, and an unconnected stream socket.
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let err = Sender::<Vec<u8>>::new(l, EngineKind::Copy).unwrap_err();
+    assert!(err.to_string().contains("listening"), "{err}");
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    let err = Sender::<Vec<u8>>::new(s, EngineKind::Copy).unwrap_err();
+    assert!(err.to_string().contains("not connected"), "{err}");
+
+    // Zero-length buffers and stream destinations, handed back.
+    for &kind in util::engines() {
+        let (client, _peer) = tcp_pair(false, Peer::default());
+        let mut tx = Sender::new(client, kind).unwrap();
+        let err = tx.try_send(Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("zero-length"), "{err}");
+        let dest: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let err = tx.try_send_to(vec![1], dest).unwrap_err();
+        assert!(err.to_string().contains("stream socket"), "{err}");
+        assert_eq!(err.into_inner(), vec![1]);
+    }
+
+    // Socket kinds: netlink is unknown to zerotx; raw IP refuses SO_ZEROCOPY on this kernel.
+    let nl = socket2::Socket::new(
+        socket2::Domain::from(libc::AF_NETLINK),
+        socket2::Type::DGRAM,
+        None,
+    )
+    .unwrap();
+    let err = Sender::<Vec<u8>>::new(nl, EngineKind::Copy).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    if util::is_root() {
+        let raw = socket2::Socket::new(
+            socket2::Domain::IPV4,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::UDP),
+        )
+        .unwrap();
+        match Sender::<Vec<u8>>::new(raw, EngineKind::MsgZerocopy) {
+            Err(Error::Unsupported { feature, .. }) => assert!(feature.contains("raw4")),
+            Ok(_) => {} // a kernel that grants it is fine too
+            Err(e) => panic!("{e}"),
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Helpers shared by the real-kernel tests: requirements that skip (or fail under
+//! `ZEROTX_STRICT=1`), loopback peers, the stream pattern, and buffer bookkeeping.
+#![allow(dead_code, unsafe_code)]
+
+use std::io::{self, Read};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use zerotx::{EngineKind, Released, SendBuf, Sender};
+
+/// Every engine, so each scenario runs over all of them.
+pub fn engines() -> &'static [EngineKind] {
+    EngineKind::ALL
+}
+
+/// `ZEROTX_STRICT=1`: a test that would skip fails instead.
+pub fn strict() -> bool {
+    std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
+}
+
+/// Returns whether the test may go on; otherwise says why it skips, or fails when strict.
+pub fn require(ok: bool, why: &str) -> bool {
+    if !ok {
+        assert!(
+            !strict(),
+            "ZEROTX_STRICT=1 and a requirement is missing: {why}"
+        );
+        eprintln!("SKIPPED: {why}");
+    }
+    ok
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Runs `f` inside a fresh network namespace with the black hole built, or skips.
+pub fn in_black_hole<T: Send>(
+    mtu: u32,
+    f: impl FnOnce(zerotx::testbed::BlackHole) -> T + Send,
+) -> Option<T> {
+    if !require(
+        is_root(),
+        "needs root to create a network namespace for the black hole",
+    ) {
+        return None;
+    }
+    let res = zerotx::testbed::in_new_netns(|| {
+        let bh = zerotx::testbed::black_hole(mtu).expect("building the black hole");
+        f(bh)
+    });
+    match res {
+        Ok(v) => Some(v),
+        Err(e) => {
+            require(false, &format!("network namespace unavailable: {e}"));
+            None
+        }
+    }
+}
+
+pub fn localhost(v6: bool) -> IpAddr {
+    if v6 {
+        Ipv6Addr::LOCALHOST.into()
+    } else {
+        Ipv4Addr::LOCALHOST.into()
+    }
+}
+
+/// The byte at stream offset `o`: a word counter, so a stale or shifted byte shows.
+pub fn pattern(o: u64) -> u8 {
+    let w = (o >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5_A5A5_A5A5_A5A5;
+    (w >> ((o & 7) * 8)) as u8
+}
+
+pub fn fill(buf: &mut [u8], offset: u64) {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = pattern(offset + i as u64);
+    }
+}
+
+/// What a receiving thread saw.
+#[derive(Debug, Default)]
+pub struct Received {
+    pub bytes: u64,
+    pub mismatches: u64,
+    pub first_mismatch: Option<u64>,
+    pub error: Option<String>,
+}
+
+/// Options for a receiving peer.
+#[derive(Clone, Copy, Default)]
+pub struct Peer {
+    /// Check every byte against [`pattern`].
+    pub verify: bool,
+    /// Sleep this long between reads (a slow reader keeps the sender's socket buffer full).
+    pub pause: Duration,
+    /// Read this many bytes, then reset the connection (SO_LINGER 0 + close).
+    pub reset_after: Option<u64>,
+    /// Receive buffer size (SO_RCVBUF), if set.
+    pub rcvbuf: Option<usize>,
+}
+
+/// A TCP listener on loopback and a connected client; the accepted side runs `peer` on a thread.
+pub fn tcp_pair(v6: bool, peer: Peer) -> (TcpStream, JoinHandle<Received>) {
+    let listener = TcpListener::bind(SocketAddr::new(localhost(v6), 0)).expect("bind loopback");
+    let addr = listener.local_addr().unwrap();
+    let handle = std::thread::spawn(move || {
+        let (s, _) = listener.accept().expect("accept");
+        receive(s, peer)
+    });
+    let client = TcpStream::connect(addr).expect("connect loopback");
+    (client, handle)
+}
+
+fn receive(mut s: TcpStream, peer: Peer) -> Received {
+    if let Some(n) = peer.rcvbuf {
+        socket2::SockRef::from(&s).set_recv_buffer_size(n).unwrap();
+    }
+    let mut r = Received::default();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        if let Some(limit) = peer.reset_after {
+            if r.bytes >= limit {
+                let sock = socket2::SockRef::from(&s);
+                sock.set_linger(Some(Duration::ZERO)).unwrap();
+                return r; // dropping the stream sends RST
+            }
+        }
+        match s.read(&mut buf) {
+            Ok(0) => return r,
+            Ok(n) => {
+                if peer.verify {
+                    for (i, &b) in buf[..n].iter().enumerate() {
+                        let o = r.bytes + i as u64;
+                        if b != pattern(o) {
+                            r.mismatches += 1;
+                            r.first_mismatch.get_or_insert(o);
+                        }
+                    }
+                }
+                r.bytes += n as u64;
+                if !peer.pause.is_zero() {
+                    std::thread::sleep(peer.pause);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                r.error = Some(e.to_string());
+                return r;
+            }
+        }
+    }
+}
+
+/// Flushes, reaps and closes, asserting nothing was kept; returns every released buffer and the
+/// final counters.
+pub fn finish<B: SendBuf>(mut tx: Sender<B>) -> (Vec<Released<B>>, zerotx::Stats) {
+    tx.flush(Duration::from_secs(20))
+        .expect("every buffer released within 20 s");
+    let mut out = Vec::new();
+    tx.reap(&mut out).unwrap();
+    let stats = tx.stats();
+    assert_eq!(
+        stats.bad_completions, 0,
+        "the ledger refused completions: {stats:?}"
+    );
+    let closed = tx.close(Duration::from_secs(1));
+    assert_eq!(closed.kept, 0, "buffers kept at close");
+    out.extend(closed.released);
+    (out, stats)
+}
+
+/// Drops CAP_IPC_LOCK from the effective and permitted sets (so RLIMIT_MEMLOCK applies to root)
+/// and lowers RLIMIT_MEMLOCK to `bytes`.
+pub fn limit_locked_memory(bytes: u64) {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const V3: u32 = 0x2008_0522;
+    const CAP_IPC_LOCK: u32 = 14;
+    let mut hdr = Header {
+        version: V3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: capget writes two Data structs for version 3, which `data` holds.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &mut hdr, data.as_mut_ptr()) };
+    assert_eq!(rc, 0, "capget: {}", io::Error::last_os_error());
+    data[0].effective &= !(1 << CAP_IPC_LOCK);
+    data[0].permitted &= !(1 << CAP_IPC_LOCK);
+    // SAFETY: as above; capset reads the same two structs.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &mut hdr, data.as_ptr()) };
+    assert_eq!(rc, 0, "capset: {}", io::Error::last_os_error());
+    let lim = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: setrlimit reads one rlimit struct.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+    assert_eq!(rc, 0, "setrlimit: {}", io::Error::last_os_error());
+}
