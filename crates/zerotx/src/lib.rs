@@ -10,6 +10,8 @@
 //! |---|---|---|---|
 //! | `copy` | `sendmsg(2)` | any | - |
 //! | `msg-zc` | `sendmsg(MSG_ZEROCOPY)` + `recvmsg(MSG_ERRQUEUE)` | TCP 4.14, UDP 5.0, vsock 6.7 | [`Error::Unsupported`] from [`Sender::new`] (`ENOPROTOOPT`/`EOPNOTSUPP` from `SO_ZEROCOPY`) |
+//! | `uring` | io_uring `IORING_OP_SENDMSG` | 5.3 | [`Error::Unsupported`] (`ENOSYS`, `EPERM` from `io_uring_setup`) |
+//! | `uring-zc` | io_uring `SENDMSG_ZC`, `SEND_ZC` + fixed buffers, `REPORT_USAGE` | 6.1 (usage report 6.2) | [`Error::Unsupported`] |
 //!
 //! Kernel 6.18 refuses `SO_ZEROCOPY` on RAW, `AF_PACKET` and `AF_UNIX` sockets (`EOPNOTSUPP`):
 //! those send with `copy`. [`probe()`] tells what the running host supports.
@@ -45,10 +47,10 @@ mod sys;
 pub mod testbed;
 
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
-pub use engine::EngineKind;
+pub use engine::{EngineKind, UringConfig};
 pub use error::{Error, SendError};
 pub use probe::probe;
 pub use report::{CopyReason, Path, Readiness, Released, Report, Stats};
-pub use sender::{leaked_buffers, Closed, Sender, DROP_TIMEOUT};
+pub use sender::{leaked_buffers, Closed, Sender, SenderConfig, DROP_TIMEOUT};
 pub use socket::{Family, SockKind, SockType};
 pub use socket2::SockAddr;

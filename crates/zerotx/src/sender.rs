@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use socket2::SockAddr;
 
+use crate::buf::BufPool;
 use crate::buf::SendBuf;
 use crate::engine::sendmsg::SendmsgEngine;
-use crate::engine::{Engine, EngineKind};
+use crate::engine::uring::UringEngine;
+use crate::engine::{Engine, EngineKind, UringConfig};
 use crate::error::{Error, SendError};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::{SockKind, SockType, Socket};
@@ -27,6 +29,25 @@ pub fn leaked_buffers() -> u64 {
 
 /// How long [`Drop`] waits for outstanding buffers before leaking them.
 pub const DROP_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How to build a [`Sender`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SenderConfig {
+    /// The engine.
+    pub engine: EngineKind,
+    /// Ring and batching settings for the io_uring engines.
+    pub uring: UringConfig,
+}
+
+impl SenderConfig {
+    /// `engine` with default settings.
+    pub fn new(engine: EngineKind) -> Self {
+        Self {
+            engine,
+            uring: UringConfig::default(),
+        }
+    }
+}
 
 /// What [`Sender::close`] gives back.
 #[derive(Debug)]
@@ -87,6 +108,12 @@ impl<B: SendBuf> Sender<B> {
     /// `getpeername`) and, for `MsgZerocopy`, enables `SO_ZEROCOPY`. Stream sockets must be
     /// connected; datagram sockets may be connected or take a destination per send.
     pub fn new(fd: impl Into<OwnedFd>, kind: EngineKind) -> Result<Self, Error> {
+        Self::with_config(fd, SenderConfig::new(kind))
+    }
+
+    /// As [`new`](Self::new), with io_uring settings.
+    pub fn with_config(fd: impl Into<OwnedFd>, cfg: SenderConfig) -> Result<Self, Error> {
+        let kind = cfg.engine;
         let sock = Socket::new(fd.into())?;
         let engine: Box<dyn Engine<B>> = match kind {
             EngineKind::Copy => Box::new(SendmsgEngine::new(&sock, false)),
@@ -94,6 +121,8 @@ impl<B: SendBuf> Sender<B> {
                 sock.enable_zerocopy()?;
                 Box::new(SendmsgEngine::new(&sock, true))
             }
+            EngineKind::Uring => Box::new(UringEngine::new(&sock, false, cfg.uring)?),
+            EngineKind::UringZc => Box::new(UringEngine::new(&sock, true, cfg.uring)?),
         };
         Ok(Self {
             sock: Some(sock),
@@ -128,6 +157,13 @@ impl<B: SendBuf> Sender<B> {
 
     fn sock(&self) -> &Socket {
         self.sock.as_ref().expect("socket present until close")
+    }
+
+    /// Registers `pool`'s memory with the engine once (`IORING_REGISTER_BUFFERS`), so its buffers
+    /// send with `IORING_RECVSEND_FIXED_BUF` and no per-send page pinning. Only `uring-zc` has
+    /// registered sends; other engines answer [`Error::Unsupported`]. Other buffers still work.
+    pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
+        self.engine.register_pool(pool)
     }
 
     /// The engine in use.

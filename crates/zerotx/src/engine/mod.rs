@@ -4,12 +4,19 @@
 //! - [`EngineKind::MsgZerocopy`]: `sendmsg(MSG_ZEROCOPY)` with completions from the socket error
 //!   queue (TCP 4.14, UDP 5.0, vsock 6.7).
 //!
-//! Both are `sendmsg(2)` and differ only in the flag and in waiting for completions, so they share
+//! - [`EngineKind::Uring`]: `IORING_OP_SENDMSG`, the copy path without a syscall per send.
+//! - [`EngineKind::UringZc`]: `IORING_OP_SENDMSG_ZC` / `IORING_OP_SEND_ZC` (6.1), from registered
+//!   buffers when the sender has a registered [`BufPool`](crate::BufPool).
+//!
+//! The first two are `sendmsg(2)` and differ only in the flag and in waiting for completions, so they share
 //! one implementation ([`sendmsg::SendmsgEngine`]); the trait is shaped for asynchronous engines
 //! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
 pub(crate) mod sendmsg;
+pub(crate) mod uring;
+
+pub use uring::UringConfig;
 
 use std::fmt;
 use std::io;
@@ -17,8 +24,8 @@ use std::str::FromStr;
 
 use socket2::SockAddr;
 
-use crate::buf::SendBuf;
-use crate::error::SendError;
+use crate::buf::{BufPool, SendBuf};
+use crate::error::{Error, SendError};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::Socket;
 
@@ -29,23 +36,35 @@ pub enum EngineKind {
     Copy,
     /// `sendmsg(MSG_ZEROCOPY)` and the socket error queue.
     MsgZerocopy,
+    /// io_uring `SENDMSG`: the kernel copies, many sends per `io_uring_enter`.
+    Uring,
+    /// io_uring `SENDMSG_ZC` / `SEND_ZC` with notification CQEs; registered buffers when a pool is
+    /// registered.
+    UringZc,
 }
 
 impl EngineKind {
     /// Every engine, in the order tables show them.
-    pub const ALL: &'static [EngineKind] = &[EngineKind::Copy, EngineKind::MsgZerocopy];
+    pub const ALL: &'static [EngineKind] = &[
+        EngineKind::Copy,
+        EngineKind::MsgZerocopy,
+        EngineKind::Uring,
+        EngineKind::UringZc,
+    ];
 
     /// The name the CLI and scripts use.
     pub fn name(&self) -> &'static str {
         match self {
             EngineKind::Copy => "copy",
             EngineKind::MsgZerocopy => "msg-zc",
+            EngineKind::Uring => "uring",
+            EngineKind::UringZc => "uring-zc",
         }
     }
 
     /// Whether the engine asks the kernel not to copy.
     pub fn is_zerocopy(&self) -> bool {
-        matches!(self, EngineKind::MsgZerocopy)
+        matches!(self, EngineKind::MsgZerocopy | EngineKind::UringZc)
     }
 }
 
@@ -94,6 +113,14 @@ pub(crate) trait Engine<B: SendBuf>: Send {
 
     /// Counters.
     fn stats(&self) -> Stats;
+
+    /// Registers a pool's memory so its buffers send without per-send page pinning.
+    fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {
+        Err(Error::Unsupported {
+            feature: "registered buffers".into(),
+            reason: "only the io_uring engines (uring-zc) send from registered memory".into(),
+        })
+    }
 
     /// Gives up: a partly sent head is ended with an error and released once the kernel is done
     /// with it (into `out`, with anything else ready); returns the buffers the kernel may still

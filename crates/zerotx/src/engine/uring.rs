@@ -1,0 +1,620 @@
+//! The io_uring engines: `uring` (`IORING_OP_SENDMSG`, the kernel copies) and `uring-zc`
+//! (`IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` for buffers from
+//! a registered [`BufPool`]), both with many requests per `io_uring_enter`.
+//!
+//! - **Order.** io_uring issues requests independently: two in flight on one stream socket can
+//!   reorder the byte stream when the socket buffer fills (KERNEL.md measured a quarter of the
+//!   bytes out of order). So a stream socket has exactly one request in flight, carrying up to
+//!   `batch` queued buffers as an iovec with `MSG_WAITALL`; a short result is continued from its
+//!   offset by the next request. Datagram sockets have many requests in flight, one per buffer.
+//! - **Completions.** The first CQE carries bytes or `-errno` and `IORING_CQE_F_MORE` when a
+//!   notification follows (read from the flag, also on errors); only the `IORING_CQE_F_NOTIF` CQE
+//!   releases a zero-copy request's buffers, and it may come before or after later requests'
+//!   CQEs. `IORING_SEND_ZC_REPORT_USAGE` makes it say whether the kernel copied.
+//! - **CQ overflow.** Requests in flight are capped at half the CQ size (each posts at most two
+//!   CQEs), so the CQ cannot overflow; an `EBUSY` from submission is met by reaping first.
+//! - **ENOBUFS** on a zero-copy request: its bytes are sent again by a copy request (counted as a
+//!   fallback); nothing spins.
+#![allow(unsafe_code)]
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::time::Instant;
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use socket2::SockAddr;
+
+use crate::buf::{BufPool, SendBuf};
+use crate::engine::Engine;
+use crate::error::{Error, SendError};
+use crate::report::{CopyReason, Path, Readiness, Released, Report, Stats};
+use crate::socket::{Family, SockType, Socket};
+use crate::sys::uring as sysu;
+
+/// Ring and batching settings for the io_uring engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UringConfig {
+    /// Submission queue entries (the CQ gets twice as many).
+    pub entries: u32,
+    /// Buffers per request on a stream socket, and requests queued before an `io_uring_enter`.
+    pub batch: usize,
+    /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
+    pub queue_limit: usize,
+}
+
+impl Default for UringConfig {
+    fn default() -> Self {
+        Self {
+            entries: 256,
+            batch: 32,
+            queue_limit: 256,
+        }
+    }
+}
+
+struct Batch<B> {
+    bufs: Vec<B>,
+    /// Boxed: the kernel reads it from the request, and batches move inside their slab.
+    dest: Option<Box<SockAddr>>,
+    total: usize,
+    sent: usize,
+    /// Requests of this batch not yet finished (first CQE and notification both in).
+    reqs: u32,
+    copied: bool,
+    fallback: bool,
+    error: Option<i32>,
+    started: Instant,
+}
+
+/// The memory a request's SQE points at: kept until the request finished.
+struct Req {
+    batch: usize,
+    first_done: bool,
+    notif_done: bool,
+    _iov: Vec<libc::iovec>,
+    _msg: Box<libc::msghdr>,
+}
+
+// SAFETY: the raw pointers in iovec/msghdr point into buffers owned by the engine's batches and
+// into this struct's own boxes; they are only read by the kernel, never dereferenced here, so
+// moving a Req to another thread with its engine is sound.
+unsafe impl Send for Req {}
+
+struct Slab<T> {
+    items: Vec<Option<T>>,
+    free: Vec<usize>,
+}
+
+impl<T> Slab<T> {
+    fn new() -> Self {
+        Self {
+            items: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+    fn insert(&mut self, t: T) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.items[i] = Some(t);
+                i
+            }
+            None => {
+                self.items.push(Some(t));
+                self.items.len() - 1
+            }
+        }
+    }
+    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        self.items.get_mut(i).and_then(Option::as_mut)
+    }
+    fn remove(&mut self, i: usize) -> Option<T> {
+        let t = self.items.get_mut(i)?.take()?;
+        self.free.push(i);
+        Some(t)
+    }
+    fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
+        self.free.clear();
+        self.items.drain(..).flatten()
+    }
+}
+
+pub(crate) struct UringEngine<B> {
+    ring: IoUring,
+    zc: bool,
+    stream: bool,
+    cfg: UringConfig,
+    queue: VecDeque<(B, Option<SockAddr>)>,
+    batches: Slab<Batch<B>>,
+    reqs: Slab<Req>,
+    in_flight: usize,
+    unsubmitted: usize,
+    stream_busy: bool,
+    broken: Option<i32>,
+    held: usize,
+    ready: Vec<Released<B>>,
+    stats: Stats,
+    pool: Option<BufPool>,
+    cqes: Vec<(u64, i32, u32)>,
+}
+
+/// Fixed buffer index for `buf` when it lies in the registered `region`.
+fn fixed_index<B: SendBuf>(region: Option<u64>, buf: &B) -> Option<u16> {
+    let (r, _) = buf.registered()?;
+    (Some(r) == region).then_some(0)
+}
+
+fn io_err(context: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Io { context, source }
+}
+
+impl<B: SendBuf> UringEngine<B> {
+    pub(crate) fn new(sock: &Socket, zc: bool, cfg: UringConfig) -> Result<Self, Error> {
+        let unsupported = |reason: String| Error::Unsupported {
+            feature: if zc { "io_uring SEND_ZC" } else { "io_uring" }.into(),
+            reason,
+        };
+        let probe = sysu::probe().map_err(|e| {
+            unsupported(format!(
+                "io_uring_setup answered {e} (kernel without io_uring, kernel.io_uring_disabled, \
+                 or a seccomp filter); use the copy or msg-zc engine"
+            ))
+        })?;
+        if zc {
+            if !(probe.send_zc && probe.sendmsg_zc) {
+                return Err(unsupported(
+                    "this kernel lacks IORING_OP_SEND_ZC/SENDMSG_ZC (6.1); use msg-zc".into(),
+                ));
+            }
+            let inet = matches!(sock.kind.family, Family::Inet4 | Family::Inet6);
+            if !inet || !matches!(sock.kind.ty, SockType::Stream | SockType::Dgram) {
+                return Err(unsupported(format!(
+                    "zero-copy io_uring sends need a TCP or UDP socket, not {}; use uring",
+                    sock.kind
+                )));
+            }
+        }
+        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 {
+            return Err(Error::Unsupported {
+                feature: "an io_uring config with zero entries, batch or queue limit".into(),
+                reason: "give each at least 1".into(),
+            });
+        }
+        let ring = IoUring::builder()
+            .setup_cqsize(cfg.entries.saturating_mul(2))
+            .build(cfg.entries)
+            .map_err(io_err("io_uring_setup"))?;
+        Ok(Self {
+            ring,
+            zc,
+            stream: sock.kind.is_stream(),
+            cfg: UringConfig {
+                batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
+                ..cfg
+            },
+            queue: VecDeque::new(),
+            batches: Slab::new(),
+            reqs: Slab::new(),
+            in_flight: 0,
+            unsubmitted: 0,
+            stream_busy: false,
+            broken: None,
+            held: 0,
+            ready: Vec::new(),
+            stats: Stats::default(),
+            pool: None,
+            cqes: Vec::new(),
+        })
+    }
+
+    fn max_in_flight(&self) -> usize {
+        // Each request posts at most two CQEs; the CQ holds 2 * entries.
+        self.cfg.entries as usize
+    }
+
+    /// The registered region zero-copy requests may send from, if any.
+    fn fixed_region(&self) -> Option<u64> {
+        self.pool
+            .as_ref()
+            .filter(|_| self.zc)
+            .map(BufPool::region_id)
+    }
+
+    fn registered_index(&self, buf: &B) -> Option<u16> {
+        fixed_index(self.fixed_region(), buf)
+    }
+
+    /// Forms requests from the queue while order and the in-flight cap allow.
+    fn issue(&mut self, sock: &Socket) -> io::Result<()> {
+        loop {
+            let blocked = self.stream && self.stream_busy;
+            if self.queue.is_empty() || blocked || self.in_flight >= self.max_in_flight() {
+                return Ok(());
+            }
+            let mut bufs = Vec::new();
+            let (first, dest) = self.queue.pop_front().expect("queue not empty");
+            let fixed = self.registered_index(&first).is_some();
+            bufs.push(first);
+            // A stream request carries several buffers as one iovec; a fixed-buffer request and a
+            // datagram carry one.
+            while self.stream && !fixed && bufs.len() < self.cfg.batch {
+                match self.queue.front() {
+                    Some((b, _)) if self.registered_index(b).is_none() => {
+                        bufs.push(self.queue.pop_front().expect("front exists").0)
+                    }
+                    _ => break,
+                }
+            }
+            let total = bufs.iter().map(|b| b.as_bytes().len()).sum();
+            let batch = self.batches.insert(Batch {
+                bufs,
+                dest: dest.map(Box::new),
+                total,
+                sent: 0,
+                reqs: 0,
+                copied: false,
+                fallback: false,
+                error: None,
+                started: Instant::now(),
+            });
+            if self.stream {
+                self.stream_busy = true;
+            }
+            self.push_request(sock, batch, self.zc)?;
+        }
+    }
+
+    /// Builds and pushes one request for the unsent part of `batch`.
+    fn push_request(&mut self, sock: &Socket, batch_idx: usize, zc: bool) -> io::Result<()> {
+        let region = if zc { self.fixed_region() } else { None };
+        let b = self.batches.get_mut(batch_idx).expect("live batch");
+        let mut skip = b.sent;
+        let mut iov = Vec::with_capacity(b.bufs.len());
+        for buf in &b.bufs {
+            let bytes = buf.as_bytes();
+            if skip >= bytes.len() {
+                skip -= bytes.len();
+                continue;
+            }
+            iov.push(libc::iovec {
+                iov_base: bytes[skip..].as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len() - skip,
+            });
+            skip = 0;
+        }
+        // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
+        let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        if let Some(d) = &b.dest {
+            msg.msg_name = d.as_ptr() as *mut libc::c_void;
+            msg.msg_namelen = d.len();
+        }
+        let flags = libc::MSG_NOSIGNAL | if self.stream { libc::MSG_WAITALL } else { 0 };
+        let fd = types::Fd(sock.fd().as_raw_fd());
+        let fixed = b
+            .bufs
+            .first()
+            .filter(|_| b.bufs.len() == 1)
+            .and_then(|buf| fixed_index(region, buf));
+        b.reqs += 1;
+        let req = self.reqs.insert(Req {
+            batch: batch_idx,
+            first_done: false,
+            notif_done: false,
+            _iov: Vec::new(),
+            _msg: Box::new(
+                // SAFETY: as above.
+                unsafe { std::mem::zeroed() },
+            ),
+        });
+        let sqe: squeue::Entry = match fixed {
+            Some(index) => {
+                let one = iov[0];
+                let mut op = opcode::SendZc::new(fd, one.iov_base as *const u8, one.iov_len as u32)
+                    .buf_index(Some(index))
+                    .flags(flags)
+                    .zc_flags(sysu::SEND_ZC_REPORT_USAGE);
+                if let Some(d) = &b.dest {
+                    op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
+                }
+                op.build()
+            }
+            None if zc => opcode::SendMsgZc::new(fd, &*msg)
+                .flags(flags as u32)
+                .ioprio(sysu::SEND_ZC_REPORT_USAGE)
+                .build(),
+            None => opcode::SendMsg::new(fd, &*msg).flags(flags as u32).build(),
+        }
+        .user_data(req as u64);
+        let r = self.reqs.get_mut(req).expect("just inserted");
+        r._iov = iov;
+        r._msg = msg;
+        self.in_flight += 1;
+        self.unsubmitted += 1;
+        self.stats.syscalls += 1;
+        loop {
+            // SAFETY: the SQE points at the iovec and msghdr now owned by `self.reqs[req]`, at the
+            // destination address owned by the batch, and at bytes of buffers owned by the batch.
+            // Requests and batches are removed only after the request's last CQE, so all of it
+            // stays valid and unchanged until the kernel is done; shutdown leaks what is in flight.
+            let pushed = unsafe { self.ring.submission().push(&sqe) }.is_ok();
+            if pushed {
+                return Ok(());
+            }
+            self.submit()?;
+        }
+    }
+
+    fn submit(&mut self) -> io::Result<()> {
+        match crate::sys::retry(|| self.ring.submit()) {
+            Ok(_) => {
+                self.unsubmitted = 0;
+                Ok(())
+            }
+            // CQ overflow backlog: reap, then submit again on the next progress.
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn reap(&mut self, sock: &Socket) -> io::Result<()> {
+        self.cqes.clear();
+        self.cqes.extend(
+            self.ring
+                .completion()
+                .map(|c| (c.user_data(), c.result(), c.flags())),
+        );
+        let cqes = std::mem::take(&mut self.cqes);
+        for &(ud, res, flags) in &cqes {
+            self.on_cqe(sock, ud as usize, res, flags)?;
+        }
+        self.cqes = cqes;
+        Ok(())
+    }
+
+    fn on_cqe(&mut self, sock: &Socket, req_idx: usize, res: i32, flags: u32) -> io::Result<()> {
+        let Some(req) = self.reqs.get_mut(req_idx) else {
+            self.stats.bad_completions += 1;
+            return Ok(());
+        };
+        let batch_idx = req.batch;
+        if cqueue::notif(flags) {
+            req.notif_done = true;
+            self.stats.completions += 1;
+            let b = self.batches.get_mut(batch_idx).expect("live batch");
+            b.copied |= res & sysu::NOTIF_USAGE_ZC_COPIED != 0;
+        } else {
+            req.first_done = true;
+            if !cqueue::more(flags) {
+                req.notif_done = true;
+            }
+            self.on_result(sock, batch_idx, res)?;
+        }
+        let req = self.reqs.get_mut(req_idx).expect("live request");
+        if req.first_done && req.notif_done {
+            self.reqs.remove(req_idx);
+            self.in_flight -= 1;
+            let b = self.batches.get_mut(batch_idx).expect("live batch");
+            b.reqs -= 1;
+            let finished = b.reqs == 0 && (b.sent >= b.total || b.error.is_some());
+            if finished {
+                let b = self.batches.remove(batch_idx).expect("live batch");
+                self.release(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// A request's first CQE: account bytes, continue a short stream send, or fail the batch.
+    fn on_result(&mut self, sock: &Socket, batch_idx: usize, res: i32) -> io::Result<()> {
+        let stream = self.stream;
+        let b = self.batches.get_mut(batch_idx).expect("live batch");
+        if res >= 0 {
+            let n = res as usize;
+            b.sent += n;
+            self.stats.bytes += n as u64;
+            if !stream {
+                b.sent = b.total; // a datagram goes whole
+            }
+            if b.sent < b.total {
+                if n == 0 {
+                    b.error = Some(libc::EPIPE);
+                    return self.break_stream(libc::EPIPE);
+                }
+                let fallback = b.fallback;
+                return self.push_request(sock, batch_idx, self.zc && !fallback);
+            }
+            if stream {
+                self.stream_busy = false;
+            }
+            return Ok(());
+        }
+        let errno = -res;
+        if errno == libc::ENOBUFS && self.zc && !b.fallback {
+            self.stats.enobufs += 1;
+            b.fallback = true;
+            return self.push_request(sock, batch_idx, false);
+        }
+        b.error = Some(errno);
+        if stream {
+            return self.break_stream(errno);
+        }
+        Ok(())
+    }
+
+    /// After a failed stream send nothing more may go out (it would leave a gap): every queued
+    /// buffer comes back with the error.
+    fn break_stream(&mut self, errno: i32) -> io::Result<()> {
+        self.stream_busy = false;
+        self.broken = Some(errno);
+        while let Some((buf, _)) = self.queue.pop_front() {
+            self.held -= 1;
+            self.stats.errors += 1;
+            self.ready.push(Released {
+                buf,
+                report: Report {
+                    bytes: 0,
+                    path: Path::Copied(CopyReason::Engine),
+                    latency: std::time::Duration::ZERO,
+                    error: Some(io::Error::from_raw_os_error(errno)),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, b: Batch<B>) {
+        let path = if !self.zc {
+            Path::Copied(CopyReason::Engine)
+        } else if b.fallback {
+            Path::Copied(CopyReason::Fallback)
+        } else if b.copied {
+            Path::Copied(CopyReason::Kernel)
+        } else {
+            Path::ZeroCopy
+        };
+        let latency = b.started.elapsed();
+        let mut sent = b.sent;
+        for buf in b.bufs {
+            let len = buf.as_bytes().len();
+            let bytes = len.min(sent);
+            sent -= bytes;
+            match path {
+                Path::ZeroCopy => self.stats.zerocopy += 1,
+                Path::Copied(CopyReason::Kernel) => self.stats.kernel_copied += 1,
+                Path::Copied(CopyReason::Engine) => self.stats.engine_copied += 1,
+                Path::Copied(CopyReason::Fallback) => self.stats.fallbacks += 1,
+            }
+            let error = b
+                .error
+                .filter(|_| bytes < len)
+                .map(io::Error::from_raw_os_error);
+            if error.is_some() {
+                self.stats.errors += 1;
+            }
+            self.held -= 1;
+            self.ready.push(Released {
+                buf,
+                report: Report {
+                    bytes,
+                    path,
+                    latency,
+                    error,
+                },
+            });
+        }
+    }
+
+    /// Registers `pool`'s region as fixed buffer 0 (`IORING_REGISTER_BUFFERS`).
+    pub(crate) fn register(&mut self, pool: &BufPool) -> Result<(), Error> {
+        if !self.zc {
+            return Err(Error::Unsupported {
+                feature: "registered buffers with the uring engine".into(),
+                reason: "plain io_uring sends copy anyway; use uring-zc to send from registered                          memory"
+                    .into(),
+            });
+        }
+        if self.pool.is_some() {
+            return Err(Error::Unsupported {
+                feature: "registering a second pool".into(),
+                reason: "a sender registers one BufPool; draw every buffer from it".into(),
+            });
+        }
+        let (base, len) = pool.region();
+        let iov = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the region stays allocated while `self.pool` holds a clone of the pool, which it
+        // does for as long as the ring (and so the registration) lives.
+        unsafe { self.ring.submitter().register_buffers(&[iov]) }
+            .map_err(io_err("io_uring_register(IORING_REGISTER_BUFFERS)"))?;
+        self.pool = Some(pool.clone());
+        Ok(())
+    }
+}
+
+impl<B: SendBuf> Engine<B> for UringEngine<B> {
+    fn try_send(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+    ) -> Result<(), SendError<B>> {
+        if let Some(errno) = self.broken {
+            return Err(SendError::Io {
+                buf,
+                error: io::Error::from_raw_os_error(errno),
+            });
+        }
+        if self.queue.len() >= self.cfg.queue_limit {
+            if let Err(error) = self.reap(sock).and_then(|()| self.issue(sock)) {
+                return Err(SendError::Io { buf, error });
+            }
+            if self.queue.len() >= self.cfg.queue_limit {
+                self.stats.would_block += 1;
+                return Err(SendError::WouldBlock(buf));
+            }
+        }
+        self.queue.push_back((buf, dest));
+        self.held += 1;
+        self.stats.sends += 1;
+        let submitted_waiting = self.in_flight - self.unsubmitted;
+        let res = self.issue(sock).and_then(|()| {
+            if self.unsubmitted > 0
+                && (submitted_waiting == 0 || self.unsubmitted >= self.cfg.batch)
+            {
+                self.submit()
+            } else {
+                Ok(())
+            }
+        });
+        // The buffer is queued either way; a ring failure shows again at the next progress.
+        let _ = res;
+        Ok(())
+    }
+
+    fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
+        self.reap(sock)?;
+        self.issue(sock)?;
+        if self.unsubmitted > 0 {
+            self.submit()?;
+        }
+        out.append(&mut self.ready);
+        Ok(())
+    }
+
+    fn held(&self) -> usize {
+        self.held
+    }
+
+    fn readiness(&self, _sock: &Socket) -> Readiness {
+        Readiness {
+            fd: self.ring.as_raw_fd(),
+            events: libc::POLLIN,
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
+        self.register(pool)
+    }
+
+    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {
+        let errno = libc::EPIPE;
+        let _ = self.break_stream(errno);
+        out.append(&mut self.ready);
+        // Requests in flight: the kernel may still read their buffers (and, before it issued
+        // them, their iovecs), so both are leaked, never freed.
+        for req in self.reqs.drain() {
+            std::mem::forget(req);
+        }
+        let kept: Vec<B> = self.batches.drain().flat_map(|b| b.bufs).collect();
+        self.held = 0;
+        kept
+    }
+}
