@@ -67,3 +67,148 @@ fn unknown_command_is_a_usage_error() {
         .code(2)
         .stderr(predicate::str::contains("unrecognized subcommand"));
 }
+
+fn strict() -> bool {
+    std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+fn cells<'a>(v: &'a serde_json::Value, topology: &str) -> Option<&'a Vec<serde_json::Value>> {
+    let t = v["topologies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == topology)
+        .unwrap_or_else(|| panic!("{topology} missing"));
+    if let Some(why) = t["skipped"].as_str() {
+        assert!(
+            !strict(),
+            "ZEROTX_STRICT=1 and {topology} was skipped: {why}"
+        );
+        eprintln!("SKIPPED: {topology}: {why}");
+        return None;
+    }
+    t["cells"].as_array()
+}
+
+#[test]
+fn bench_quick_json_shows_loopback_copied_and_black_hole_zerocopy() {
+    if !is_root() {
+        assert!(!strict(), "ZEROTX_STRICT=1 and the bench test needs root");
+    }
+    let out = zerotx()
+        .args([
+            "bench",
+            "--quick",
+            "--duration",
+            "0.05",
+            "--repeat",
+            "1",
+            "--sizes",
+            "4K,16K",
+            "--json",
+        ])
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    for key in [
+        "version",
+        "kernel",
+        "cpus",
+        "run_seconds",
+        "repeat",
+        "ring_bytes",
+    ] {
+        assert!(!v[key].is_null(), "{key} missing");
+    }
+    let zc_engines = ["msg-zc", "uring-zc", "uring-zc-fixed"];
+    let check = |cells: &Vec<serde_json::Value>, kernel_copies: bool| {
+        assert_eq!(cells.len(), 2 * 5, "two sizes, five engines");
+        for c in cells {
+            let engine = c["engine"].as_str().unwrap();
+            assert!(c["error"].is_null(), "{engine}: {}", c["error"]);
+            assert!(c["mb_s"]["median"].as_f64().unwrap() > 0.0, "{engine}");
+            assert_eq!(c["runs"].as_array().unwrap().len(), 1);
+            let zc = c["zerocopy"].as_u64().unwrap();
+            let copied = c["kernel_copied"].as_u64().unwrap();
+            if zc_engines.contains(&engine) {
+                if kernel_copies {
+                    assert_eq!(zc, 0, "{engine}: loopback never skips the copy");
+                    assert!(copied > 0, "{engine}");
+                } else {
+                    assert!(zc > 0, "{engine}");
+                    assert_eq!(copied, 0, "{engine}: the black hole never copies");
+                }
+            } else {
+                assert!(c["engine_copied"].as_u64().unwrap() > 0, "{engine}");
+            }
+        }
+    };
+    check(cells(&v, "tcp-loopback").unwrap(), true);
+    if let Some(c) = cells(&v, "udp-blackhole") {
+        check(c, false);
+    }
+}
+
+#[test]
+fn bench_csv_and_plot_outputs() {
+    let plot = std::env::temp_dir().join(format!("zerotx-bench-{}.svg", std::process::id()));
+    let out = zerotx()
+        .args([
+            "bench",
+            "--duration",
+            "0.02",
+            "--repeat",
+            "1",
+            "--sizes",
+            "4K",
+            "--engines",
+            "copy,msg-zc",
+            "--topology",
+            "tcp-loopback",
+            "--csv",
+            "--plot",
+        ])
+        .arg(&plot)
+        .assert()
+        .success();
+    let csv = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+    assert!(csv
+        .lines()
+        .nth(1)
+        .unwrap()
+        .starts_with("tcp-loopback,copy,4096,"));
+    assert!(std::fs::read_to_string(&plot).unwrap().contains("<svg"));
+    std::fs::remove_file(&plot).unwrap();
+}
+
+#[test]
+fn bench_bad_flags_name_the_problem() {
+    for (args, msg) in [
+        (&["--sizes", "0"][..], "invalid size \"0\""),
+        (&["--engines", "turbo"][..], "unknown engine \"turbo\""),
+        (
+            &["--topology", "vsock"][..],
+            "needs a peer: give --vsock CID:PORT",
+        ),
+        (&["--duration=-1"][..], "invalid --duration"),
+        (&["--vsock", "nope"][..], "expected CID:PORT"),
+    ] {
+        zerotx()
+            .arg("bench")
+            .args(args)
+            .assert()
+            .code(1)
+            .stderr(predicate::str::starts_with("Error: "))
+            .stderr(predicate::str::contains(msg));
+    }
+}

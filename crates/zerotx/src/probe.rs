@@ -180,6 +180,11 @@ fn has_cap_ipc_lock() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
 }
 
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> String {
+    sys::kernel_release().unwrap_or_else(|e| format!("unknown ({e})"))
+}
+
 /// Probes the host. Takes well under a second; sends only over loopback.
 pub fn probe() -> ProbeReport {
     let sockets: Vec<_> = KINDS
@@ -207,7 +212,7 @@ pub fn probe() -> ProbeReport {
     };
     let (memlock_soft, _) = sys::memlock_limit().unwrap_or((None, None));
     let mut report = ProbeReport {
-        kernel: sys::kernel_release().unwrap_or_else(|e| format!("unknown ({e})")),
+        kernel: kernel_release(),
         sockets,
         vsock_transport: sys::vsock_local_cid().is_ok(),
         io_uring,

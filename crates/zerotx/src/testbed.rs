@@ -135,3 +135,13 @@ pub fn pin_thread(cpu: usize) -> io::Result<()> {
 pub fn thread_cpu_time() -> std::time::Duration {
     sys::thread_cpu_time()
 }
+
+/// CPU time of the whole process (`getrusage(RUSAGE_SELF)`), io_uring workers included.
+pub fn process_cpu_time() -> std::time::Duration {
+    sys::process_cpu_time()
+}
+
+/// CPU 0's L2 cache size, from sysfs, if the kernel tells.
+pub fn l2_cache_bytes() -> Option<usize> {
+    sys::l2_cache_bytes()
+}

@@ -138,6 +138,9 @@ pub(crate) struct UringEngine<B> {
     cqes: Vec<(u64, i32, u32)>,
 }
 
+/// Smallest buffer a stream socket sends from registered memory (see `registered_index`).
+const FIXED_STREAM_MIN: usize = 64 * 1024;
+
 /// Fixed buffer index for `buf` when it lies in the registered `region`.
 fn fixed_index<B: SendBuf>(region: Option<u64>, buf: &B) -> Option<u16> {
     let (r, _) = buf.registered()?;
@@ -220,7 +223,14 @@ impl<B: SendBuf> UringEngine<B> {
             .map(BufPool::region_id)
     }
 
+    /// Whether `buf` goes as its own `SEND_ZC` from registered memory. On a stream socket only
+    /// large buffers do: one request carries one registered buffer, and with one request in
+    /// flight small ones are faster batched into a `SENDMSG_ZC` iovec (measured: 1400-byte sends
+    /// over TCP loopback at 0.4x the batched rate, 64 KiB ones at 1.2x).
     fn registered_index(&self, buf: &B) -> Option<u16> {
+        if self.stream && buf.as_bytes().len() < FIXED_STREAM_MIN {
+            return None;
+        }
         fixed_index(self.fixed_region(), buf)
     }
 
@@ -292,10 +302,13 @@ impl<B: SendBuf> UringEngine<B> {
         }
         let flags = libc::MSG_NOSIGNAL | if self.stream { libc::MSG_WAITALL } else { 0 };
         let fd = types::Fd(sock.fd().as_raw_fd());
+        let stream = self.stream;
         let fixed = b
             .bufs
             .first()
-            .filter(|_| b.bufs.len() == 1)
+            .filter(|buf| {
+                b.bufs.len() == 1 && (!stream || buf.as_bytes().len() >= FIXED_STREAM_MIN)
+            })
             .and_then(|buf| fixed_index(region, buf));
         b.reqs += 1;
         let req = self.reqs.insert(Req {
@@ -344,6 +357,18 @@ impl<B: SendBuf> UringEngine<B> {
             }
             self.submit()?;
         }
+    }
+
+    /// Reaps, forms new requests, and submits everything pushed. Every path that may be followed
+    /// by a wait on the ring goes through here: an SQE left unsubmitted with nothing else in
+    /// flight would make that wait endless.
+    fn kick(&mut self, sock: &Socket) -> io::Result<()> {
+        self.reap(sock)?;
+        self.issue(sock)?;
+        if self.unsubmitted > 0 {
+            self.submit()?;
+        }
+        Ok(())
     }
 
     fn submit(&mut self) -> io::Result<()> {
@@ -549,7 +574,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             });
         }
         if self.queue.len() >= self.cfg.queue_limit {
-            if let Err(error) = self.reap(sock).and_then(|()| self.issue(sock)) {
+            if let Err(error) = self.kick(sock) {
                 return Err(SendError::Io { buf, error });
             }
             if self.queue.len() >= self.cfg.queue_limit {
@@ -576,11 +601,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        self.reap(sock)?;
-        self.issue(sock)?;
-        if self.unsubmitted > 0 {
-            self.submit()?;
-        }
+        self.kick(sock)?;
         out.append(&mut self.ready);
         Ok(())
     }

@@ -276,3 +276,28 @@ pub fn vsock_local_cid() -> io::Result<u32> {
     }
     Ok(cid)
 }
+
+/// `getrusage(RUSAGE_SELF)`: user + system CPU time of the whole process, including io_uring's
+/// worker threads (they belong to the process).
+pub fn process_cpu_time() -> Duration {
+    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { mem::zeroed() };
+    // Cannot fail for RUSAGE_SELF with a valid pointer.
+    let _ = syscall!(getrusage(libc::RUSAGE_SELF, &mut ru));
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The size in bytes of CPU 0's L2 cache, from sysfs.
+pub fn l2_cache_bytes() -> Option<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size").ok()?;
+    let s = s.trim();
+    let (num, mult) = match s.strip_suffix('K') {
+        Some(n) => (n, 1024),
+        None => match s.strip_suffix('M') {
+            Some(n) => (n, 1024 * 1024),
+            None => (s, 1),
+        },
+    };
+    num.parse::<usize>().ok().map(|n| n * mult)
+}

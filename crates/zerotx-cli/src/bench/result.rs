@@ -1,0 +1,218 @@
+//! The benchmark's one result type, which every exporter reads.
+
+use serde::Serialize;
+
+/// One timed run of one cell.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Run {
+    /// Bytes the kernel accepted.
+    pub bytes: u64,
+    /// Buffers sent.
+    pub sends: u64,
+    /// Wall time, send start to last release.
+    pub seconds: f64,
+    /// Sender CPU seconds (process CPU minus the sink's).
+    pub cpu_seconds: f64,
+    /// Buffers released as sent zero-copy.
+    pub zerocopy: u64,
+    /// Buffers released as copied by the kernel.
+    pub kernel_copied: u64,
+    /// Buffers released as copied by a copy engine.
+    pub engine_copied: u64,
+    /// Buffers sent by copy after ENOBUFS.
+    pub fallbacks: u64,
+    /// ENOBUFS answers.
+    pub enobufs: u64,
+    /// Completion latency (send to release), 50th percentile, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+}
+
+impl Run {
+    /// Throughput, MB/s (10^6 bytes).
+    pub fn mb_s(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes as f64 / self.seconds / 1e6
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Median and range over repetitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Spread {
+    /// Median.
+    pub median: f64,
+    /// Smallest.
+    pub min: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// Of `values` (median of an even count: mean of the middle two). Empty: zeros.
+    pub fn of(mut values: Vec<f64>) -> Self {
+        if values.is_empty() {
+            return Self::default();
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let median = if n % 2 == 1 {
+            values[n / 2]
+        } else {
+            (values[n / 2 - 1] + values[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            min: values[0],
+            max: values[n - 1],
+        }
+    }
+}
+
+/// One engine at one size in one topology, over every repetition.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Cell {
+    /// Engine name (`copy`, `msg-zc`, `uring`, `uring-zc`, `uring-zc-fixed`).
+    pub engine: String,
+    /// Bytes per send.
+    pub size: usize,
+    /// Throughput, MB/s.
+    pub mb_s: Spread,
+    /// Sends per second (median).
+    pub sends_s: f64,
+    /// Sender CPU seconds per GB sent (median).
+    pub cpu_s_per_gb: f64,
+    /// Release latency p50, microseconds (median over runs).
+    pub p50_us: f64,
+    /// Release latency p99, microseconds (median over runs).
+    pub p99_us: f64,
+    /// Totals over runs.
+    pub zerocopy: u64,
+    /// Totals over runs.
+    pub kernel_copied: u64,
+    /// Totals over runs.
+    pub engine_copied: u64,
+    /// Totals over runs.
+    pub fallbacks: u64,
+    /// Totals over runs.
+    pub enobufs: u64,
+    /// Every run.
+    pub runs: Vec<Run>,
+    /// Why the cell has no figures (engine unavailable, send failed...).
+    pub error: Option<String>,
+}
+
+impl Cell {
+    /// Summarises `runs` (and an error, if a run failed).
+    pub fn summarise(engine: &str, size: usize, runs: Vec<Run>, error: Option<String>) -> Self {
+        let med = |f: &dyn Fn(&Run) -> f64| Spread::of(runs.iter().map(f).collect()).median;
+        let sum = |f: &dyn Fn(&Run) -> u64| runs.iter().map(f).sum();
+        Self {
+            engine: engine.to_string(),
+            size,
+            mb_s: Spread::of(runs.iter().map(Run::mb_s).collect()),
+            sends_s: med(&|r| r.sends as f64 / r.seconds.max(1e-9)),
+            cpu_s_per_gb: med(&|r| r.cpu_seconds / (r.bytes as f64 / 1e9).max(1e-12)),
+            p50_us: med(&|r| r.p50_us),
+            p99_us: med(&|r| r.p99_us),
+            zerocopy: sum(&|r| r.zerocopy),
+            kernel_copied: sum(&|r| r.kernel_copied),
+            engine_copied: sum(&|r| r.engine_copied),
+            fallbacks: sum(&|r| r.fallbacks),
+            enobufs: sum(&|r| r.enobufs),
+            runs,
+            error,
+        }
+    }
+
+    /// Share of zero-copy-engine releases the kernel really sent zero-copy, if any were made.
+    pub fn zerocopy_share(&self) -> Option<f64> {
+        let total = self.zerocopy + self.kernel_copied + self.fallbacks;
+        (total > 0).then(|| self.zerocopy as f64 / total as f64)
+    }
+}
+
+/// One topology's results.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Topology {
+    /// `tcp-loopback`, `udp-blackhole`, `vsock`.
+    pub name: String,
+    /// What the topology is, in a few words.
+    pub description: String,
+    /// Why it did not run, if it did not.
+    pub skipped: Option<String>,
+    /// Sizes, in table order.
+    pub sizes: Vec<usize>,
+    /// Engines, in column order.
+    pub engines: Vec<String>,
+    /// Every (engine, size) cell.
+    pub cells: Vec<Cell>,
+}
+
+impl Topology {
+    /// The cell for `engine` at `size`.
+    pub fn cell(&self, engine: &str, size: usize) -> Option<&Cell> {
+        self.cells
+            .iter()
+            .find(|c| c.engine == engine && c.size == size)
+    }
+}
+
+/// Everything `zerotx bench` measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// zerotx version.
+    pub version: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// Online CPUs.
+    pub cpus: usize,
+    /// Seconds per run.
+    pub run_seconds: f64,
+    /// Repetitions per cell.
+    pub repeat: usize,
+    /// Bytes of the buffer ring each run cycles through.
+    pub ring_bytes: usize,
+    /// Per topology.
+    pub topologies: Vec<Topology>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_takes_the_median_and_range() {
+        assert_eq!(
+            Spread::of(vec![3.0, 1.0, 2.0]),
+            Spread {
+                median: 2.0,
+                min: 1.0,
+                max: 3.0
+            }
+        );
+        assert_eq!(Spread::of(vec![4.0, 1.0, 2.0, 3.0]).median, 2.5);
+        assert_eq!(Spread::of(vec![]), Spread::default());
+    }
+
+    #[test]
+    fn summary_rates_are_per_gb_and_per_second() {
+        let run = Run {
+            bytes: 2_000_000_000,
+            sends: 1000,
+            seconds: 2.0,
+            cpu_seconds: 1.0,
+            zerocopy: 3,
+            kernel_copied: 1,
+            ..Run::default()
+        };
+        let c = Cell::summarise("msg-zc", 4096, vec![run], None);
+        assert_eq!(c.mb_s.median, 1000.0);
+        assert_eq!(c.sends_s, 500.0);
+        assert_eq!(c.cpu_s_per_gb, 0.5);
+        assert_eq!(c.zerocopy_share(), Some(0.75));
+    }
+}

@@ -1,0 +1,55 @@
+//! CSV: one row per (topology, engine, size) cell.
+
+use serde::Serialize;
+
+use crate::bench::result::Report;
+
+#[derive(Serialize)]
+struct Row<'a> {
+    topology: &'a str,
+    engine: &'a str,
+    size: usize,
+    mb_s_median: f64,
+    mb_s_min: f64,
+    mb_s_max: f64,
+    sends_s: f64,
+    cpu_s_per_gb: f64,
+    zerocopy: u64,
+    kernel_copied: u64,
+    engine_copied: u64,
+    fallbacks: u64,
+    enobufs: u64,
+    p50_us: f64,
+    p99_us: f64,
+    runs: usize,
+    error: &'a str,
+}
+
+/// CSV with a header row.
+pub fn render(report: &Report) -> anyhow::Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for t in &report.topologies {
+        for c in &t.cells {
+            w.serialize(Row {
+                topology: &t.name,
+                engine: &c.engine,
+                size: c.size,
+                mb_s_median: c.mb_s.median,
+                mb_s_min: c.mb_s.min,
+                mb_s_max: c.mb_s.max,
+                sends_s: c.sends_s,
+                cpu_s_per_gb: c.cpu_s_per_gb,
+                zerocopy: c.zerocopy,
+                kernel_copied: c.kernel_copied,
+                engine_copied: c.engine_copied,
+                fallbacks: c.fallbacks,
+                enobufs: c.enobufs,
+                p50_us: c.p50_us,
+                p99_us: c.p99_us,
+                runs: c.runs.len(),
+                error: c.error.as_deref().unwrap_or(""),
+            })?;
+        }
+    }
+    Ok(String::from_utf8(w.into_inner()?)?)
+}

@@ -1,0 +1,82 @@
+//! `--plot FILE.svg`: throughput against size, one line per engine, one panel per topology.
+
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+use super::size_label;
+use crate::bench::result::Report;
+
+const COLORS: [RGBColor; 6] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+
+/// Writes the plot to `path`.
+pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
+    let panels: Vec<_> = report
+        .topologies
+        .iter()
+        .filter(|t| t.skipped.is_none() && !t.cells.is_empty())
+        .collect();
+    anyhow::ensure!(
+        !panels.is_empty(),
+        "nothing to plot: every topology was skipped"
+    );
+    let height = 420 * panels.len() as u32;
+    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    for (area, t) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
+        let max_mb = t.cells.iter().map(|c| c.mb_s.median).fold(1.0f64, f64::max);
+        let (lo, hi) = (
+            *t.sizes.first().context("no sizes")? as f64,
+            *t.sizes.last().context("no sizes")? as f64,
+        );
+        let mut chart = ChartBuilder::on(area)
+            .caption(
+                format!("{}: throughput vs send size", t.name),
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0.0..max_mb * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc("bytes per send")
+            .y_desc("MB/s")
+            .x_label_formatter(&|v| size_label(*v as usize))
+            .draw()?;
+        for (i, engine) in t.engines.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            let points: Vec<(f64, f64)> = t
+                .sizes
+                .iter()
+                .filter_map(|&s| t.cell(engine, s))
+                .filter(|c| c.error.is_none() && !c.runs.is_empty())
+                .map(|c| (c.size as f64, c.mb_s.median))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+                .label(engine.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    root.present().context("writing the SVG")?;
+    Ok(())
+}
