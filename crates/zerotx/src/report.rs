@@ -71,7 +71,8 @@ pub struct Stats {
     pub engine_copied: u64,
     /// Buffers sent (wholly or partly) by copy after `ENOBUFS`.
     pub fallbacks: u64,
-    /// `ENOBUFS` answers seen (option memory or locked memory).
+    /// Zero-copy budget refusals seen: `ENOBUFS` (option memory, locked memory) from
+    /// `MSG_ZEROCOPY`, `ENOBUFS`/`ENOMEM` from io_uring.
     pub enobufs: u64,
     /// Sends handed back with `WouldBlock`.
     pub would_block: u64,

@@ -6,11 +6,10 @@ mod util;
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::process::Command;
 use std::time::Duration;
 
 use util::{fill, finish, tcp_pair, Peer};
-use zerotx::{BufPool, CopyReason, EngineKind, Error, Path, SendError, Sender};
+use zerotx::{BufPool, CopyReason, EngineKind, Error, Path, SendError, Sender, SenderConfig};
 
 const MIB: u64 = 1 << 20;
 
@@ -350,23 +349,7 @@ fn locked_memory_limit_enobufs_in_a_child_process() {
     ) {
         return;
     }
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "memlock_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(MEMLOCK_CHILD, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains("memlock_child: ok"),
-        "child failed:\n{stdout}\n{stderr}"
-    );
+    util::run_child_test("memlock_child", MEMLOCK_CHILD);
 }
 
 #[test]
@@ -376,27 +359,84 @@ fn memlock_child() {
         return;
     }
     util::limit_locked_memory(32 * 1024);
-    let (client, peer) = tcp_pair(
-        false,
-        Peer {
-            verify: true,
-            ..Peer::default()
-        },
-    );
+    for kind in [EngineKind::MsgZerocopy, EngineKind::UringZc] {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                ..Peer::default()
+            },
+        );
+        let mut cfg = SenderConfig::new(kind);
+        if kind == EngineKind::UringZc {
+            // The default ring does not fit in 32 KiB of locked memory: say so clearly.
+            let (c, _p) = tcp_pair(false, Peer::default());
+            let err = Sender::<Vec<u8>>::new(c, kind).unwrap_err().to_string();
+            assert!(err.contains("RLIMIT_MEMLOCK"), "{err}");
+            cfg.uring.entries = 16;
+        }
+        let mut tx = Sender::with_config(client, cfg).unwrap();
+        // 16 KiB buffers: a few fit in flight under the limit, then ENOBUFS until completions.
+        pooled_stream(&mut tx, 64 * MIB, 16 * 1024, 64, false);
+        let stats = tx.stats();
+        drop(tx.close(Duration::from_secs(5)));
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (64 * MIB, 0), "{kind}");
+        if kind == EngineKind::MsgZerocopy {
+            assert!(
+                stats.enobufs > 0,
+                "no ENOBUFS under a 32 KiB limit: {stats:?}"
+            );
+        }
+        println!(
+            "memlock_child {kind}: enobufs={} fallbacks={} zerocopy={} kernel_copied={}",
+            stats.enobufs, stats.fallbacks, stats.zerocopy, stats.kernel_copied
+        );
+    }
+    println!("memlock_child: ok");
+}
+
+const NO_URING_CHILD: &str = "ZEROTX_NO_URING_CHILD";
+
+#[test]
+fn io_uring_refused_by_seccomp_gives_a_clear_error_and_probe_knows() {
+    util::run_child_test("no_uring_child", NO_URING_CHILD);
+}
+
+#[test]
+#[ignore = "runs in its own process, started by io_uring_refused_by_seccomp_gives_a_clear_error_and_probe_knows"]
+fn no_uring_child() {
+    if std::env::var(NO_URING_CHILD).is_err() {
+        return;
+    }
+    util::refuse_io_uring(libc::EPERM as u32);
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let (client, _peer) = tcp_pair(false, Peer::default());
+        let err = Sender::<Vec<u8>>::new(client, kind).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{kind}: {err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("io_uring") && msg.contains("Operation not permitted"),
+            "{msg}"
+        );
+        assert!(msg.contains("use the copy or msg-zc engine"), "{msg}");
+    }
+    // The other engines are untouched.
+    let (client, _peer) = tcp_pair(false, Peer::default());
     let mut tx = Sender::new(client, EngineKind::MsgZerocopy).unwrap();
-    pooled_stream(&mut tx, 64 * MIB, 64 * 1024, 32, false);
-    let stats = tx.stats();
-    drop(tx.close(Duration::from_secs(5)));
-    let got = peer.join().unwrap();
-    assert_eq!((got.bytes, got.mismatches), (64 * MIB, 0));
+    tx.send(vec![1u8; 4096]).unwrap();
+    let report = zerotx::probe();
+    assert!(!report.io_uring.available, "{:?}", report.io_uring);
+    assert!(!report.io_uring.send_zc);
     assert!(
-        stats.enobufs > 0,
-        "no ENOBUFS under a 32 KiB limit: {stats:?}"
+        report
+            .advice
+            .iter()
+            .any(|a| a.contains("io_uring is unavailable")),
+        "{:?}",
+        report.advice
     );
-    println!(
-        "memlock_child: ok enobufs={} fallbacks={}",
-        stats.enobufs, stats.fallbacks
-    );
+    println!("no_uring_child: ok");
 }
 
 #[test]

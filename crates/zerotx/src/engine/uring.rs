@@ -13,8 +13,9 @@
 //!   CQEs. `IORING_SEND_ZC_REPORT_USAGE` makes it say whether the kernel copied.
 //! - **CQ overflow.** Requests in flight are capped at half the CQ size (each posts at most two
 //!   CQEs), so the CQ cannot overflow; an `EBUSY` from submission is met by reaping first.
-//! - **ENOBUFS** on a zero-copy request: its bytes are sent again by a copy request (counted as a
-//!   fallback); nothing spins.
+//! - **The zero-copy budget** (`ENOBUFS` from option memory, `ENOMEM` when io_uring charges pinned
+//!   pages to `RLIMIT_MEMLOCK`): the request is retried zero-copy after another request finished,
+//!   or, with nothing else in flight, sent by copy (a fallback). Nothing spins.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
@@ -130,6 +131,8 @@ pub(crate) struct UringEngine<B> {
     in_flight: usize,
     unsubmitted: usize,
     stream_busy: bool,
+    /// Batches whose zero-copy request hit the budget, waiting for another request to finish.
+    deferred: Vec<usize>,
     broken: Option<i32>,
     held: usize,
     ready: Vec<Released<B>>,
@@ -186,7 +189,15 @@ impl<B: SendBuf> UringEngine<B> {
         let ring = IoUring::builder()
             .setup_cqsize(cfg.entries.saturating_mul(2))
             .build(cfg.entries)
-            .map_err(io_err("io_uring_setup"))?;
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOMEM) => Error::Io {
+                    context: "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK \
+                              without CAP_IPC_LOCK; raise the limit or lower \
+                              UringConfig::entries",
+                    source: e,
+                },
+                _ => io_err("io_uring_setup")(e),
+            })?;
         Ok(Self {
             ring,
             zc,
@@ -201,6 +212,7 @@ impl<B: SendBuf> UringEngine<B> {
             in_flight: 0,
             unsubmitted: 0,
             stream_busy: false,
+            deferred: Vec::new(),
             broken: None,
             held: 0,
             ready: Vec::new(),
@@ -420,6 +432,10 @@ impl<B: SendBuf> UringEngine<B> {
         if req.first_done && req.notif_done {
             self.reqs.remove(req_idx);
             self.in_flight -= 1;
+            // A request finished, so pages were unpinned: retry what the budget refused.
+            for deferred in std::mem::take(&mut self.deferred) {
+                self.push_request(sock, deferred, true)?;
+            }
             let b = self.batches.get_mut(batch_idx).expect("live batch");
             b.reqs -= 1;
             let finished = b.reqs == 0 && (b.sent >= b.total || b.error.is_some());
@@ -456,8 +472,14 @@ impl<B: SendBuf> UringEngine<B> {
             return Ok(());
         }
         let errno = -res;
-        if errno == libc::ENOBUFS && self.zc && !b.fallback {
+        // The zero-copy budget is full: ENOBUFS (option memory) or ENOMEM (io_uring charges the
+        // pinned pages to RLIMIT_MEMLOCK). Retry after another request finished, or copy.
+        if self.zc && !b.fallback && matches!(errno, libc::ENOBUFS | libc::ENOMEM) {
             self.stats.enobufs += 1;
+            if self.in_flight > 1 {
+                self.deferred.push(batch_idx);
+                return Ok(());
+            }
             b.fallback = true;
             return self.push_request(sock, batch_idx, false);
         }

@@ -210,3 +210,89 @@ pub fn limit_locked_memory(bytes: u64) {
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
     assert_eq!(rc, 0, "setrlimit: {}", io::Error::last_os_error());
 }
+
+/// Installs a seccomp filter on the calling thread (and the threads it spawns after) that makes
+/// `io_uring_setup` fail with `errno`, the way a container runtime's default profile does.
+pub fn refuse_io_uring(errno: u32) {
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
+    let nr = libc::SYS_io_uring_setup as u32;
+    // Load arch; if not x86_64 allow everything. Load nr; if io_uring_setup return errno.
+    let prog = [
+        libc::sock_filter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: 4,
+        },
+        libc::sock_filter {
+            code: 0x15,
+            jt: 0,
+            jf: 3,
+            k: AUDIT_ARCH_X86_64,
+        },
+        libc::sock_filter {
+            code: 0x20,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        libc::sock_filter {
+            code: 0x15,
+            jt: 0,
+            jf: 1,
+            k: nr,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ERRNO | errno,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: SECCOMP_RET_ALLOW,
+        },
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    assert_eq!(rc, 0, "PR_SET_NO_NEW_PRIVS: {}", io::Error::last_os_error());
+    // SAFETY: fprog points at `prog`, which outlives the call; the kernel copies the program.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    assert_eq!(rc, 0, "PR_SET_SECCOMP: {}", io::Error::last_os_error());
+}
+
+/// Runs the ignored test `name` of this test binary in a child process with `env` set, and
+/// asserts it printed `"{name}: ok"`.
+pub fn run_child_test(name: &str, env: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(&format!("{name}: ok")),
+        "child {name} failed:\n{stdout}\n{stderr}"
+    );
+}
