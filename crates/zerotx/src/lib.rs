@@ -47,7 +47,7 @@ mod sys;
 pub mod testbed;
 
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
-pub use engine::{EngineKind, UringConfig};
+pub use engine::{EngineKind, UringConfig, UringShared};
 pub use error::{Error, SendError};
 pub use probe::probe;
 pub use report::{CopyReason, Path, Readiness, Released, Report, Stats};

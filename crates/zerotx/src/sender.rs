@@ -13,7 +13,7 @@ use crate::buf::BufPool;
 use crate::buf::SendBuf;
 use crate::engine::sendmsg::SendmsgEngine;
 use crate::engine::uring::UringEngine;
-use crate::engine::{Engine, EngineKind, UringConfig};
+use crate::engine::{Engine, EngineKind, UringConfig, UringShared};
 use crate::error::{Error, SendError};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::{SockKind, SockType, Socket};
@@ -31,12 +31,16 @@ pub fn leaked_buffers() -> u64 {
 pub const DROP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How to build a [`Sender`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SenderConfig {
     /// The engine.
     pub engine: EngineKind,
-    /// Ring and batching settings for the io_uring engines.
+    /// Ring and batching settings for the io_uring engines (of the sender's own ring; a shared
+    /// ring keeps the settings it was made with).
     pub uring: UringConfig,
+    /// Submit through this shared ring instead of one of the sender's own, so one
+    /// `io_uring_enter` carries requests for many sockets (io_uring engines only).
+    pub ring: Option<UringShared>,
 }
 
 impl SenderConfig {
@@ -45,6 +49,15 @@ impl SenderConfig {
         Self {
             engine,
             uring: UringConfig::default(),
+            ring: None,
+        }
+    }
+
+    /// `engine` on the shared `ring`.
+    pub fn shared(engine: EngineKind, ring: &UringShared) -> Self {
+        Self {
+            ring: Some(ring.clone()),
+            ..Self::new(engine)
         }
     }
 }
@@ -115,14 +128,27 @@ impl<B: SendBuf> Sender<B> {
     pub fn with_config(fd: impl Into<OwnedFd>, cfg: SenderConfig) -> Result<Self, Error> {
         let kind = cfg.engine;
         let sock = Socket::new(fd.into())?;
+        if cfg.ring.is_some() && !matches!(kind, EngineKind::Uring | EngineKind::UringZc) {
+            return Err(Error::Unsupported {
+                feature: format!("a shared io_uring with the {kind} engine"),
+                reason: "only the uring and uring-zc engines submit through a ring".into(),
+            });
+        }
         let engine: Box<dyn Engine<B>> = match kind {
             EngineKind::Copy => Box::new(SendmsgEngine::new(&sock, false)),
             EngineKind::MsgZerocopy => {
                 sock.enable_zerocopy()?;
                 Box::new(SendmsgEngine::new(&sock, true))
             }
-            EngineKind::Uring => Box::new(UringEngine::new(&sock, false, cfg.uring)?),
-            EngineKind::UringZc => Box::new(UringEngine::new(&sock, true, cfg.uring)?),
+            EngineKind::Uring => Box::new(UringEngine::new(
+                &sock,
+                false,
+                cfg.uring,
+                cfg.ring.as_ref(),
+            )?),
+            EngineKind::UringZc => {
+                Box::new(UringEngine::new(&sock, true, cfg.uring, cfg.ring.as_ref())?)
+            }
         };
         Ok(Self {
             sock: Some(sock),
@@ -224,9 +250,12 @@ impl<B: SendBuf> Sender<B> {
         Ok(out.len() - before)
     }
 
-    /// What to poll before calling [`reap`](Self::reap) or retrying a send.
-    pub fn readiness(&self) -> Readiness {
-        self.engine.readiness(self.sock())
+    /// What to poll before calling [`reap`](Self::reap) or retrying a send. Call it right before
+    /// waiting: the io_uring engines batch submissions and enter the kernel here, so nothing
+    /// queued waits behind the sleeper.
+    pub fn readiness(&mut self) -> Readiness {
+        let sock = self.sock.as_ref().expect("socket present until close");
+        self.engine.readiness(sock)
     }
 
     /// Buffers accepted and not yet handed back by [`reap`](Self::reap).
@@ -248,6 +277,10 @@ impl<B: SendBuf> Sender<B> {
     /// sender's own list of released buffers.
     fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
         let r = self.readiness();
+        let timeout = match (timeout, self.engine.wait_slice()) {
+            (Some(t), Some(s)) => Some(t.min(s)),
+            (t, s) => t.or(s),
+        };
         sys::poll_one(r.fd, r.events, timeout)?;
         self.progress_into_ready()
     }

@@ -13,9 +13,11 @@
 //! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
+pub(crate) mod ring;
 pub(crate) mod sendmsg;
 pub(crate) mod uring;
 
+pub use ring::UringShared;
 pub use uring::UringConfig;
 
 use std::fmt;
@@ -108,11 +110,18 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// Buffers accepted and not yet released.
     fn held(&self) -> usize;
 
-    /// What to wait for.
-    fn readiness(&self, sock: &Socket) -> Readiness;
+    /// What to wait for. Called right before a wait: an engine that batches submissions enters
+    /// the kernel here so nothing queued waits behind the sleeper.
+    fn readiness(&mut self, sock: &Socket) -> Readiness;
 
     /// Counters.
     fn stats(&self) -> Stats;
+
+    /// How long a waiter may sleep before it must look again even without a wake-up (a shared
+    /// ring's completions can be reaped by another sender). `None`: sleep until woken.
+    fn wait_slice(&self) -> Option<std::time::Duration> {
+        None
+    }
 
     /// Registers a pool's memory so its buffers send without per-send page pinning.
     fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {

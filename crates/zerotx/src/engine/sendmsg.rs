@@ -280,7 +280,7 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         self.ledger.held() + self.ready.len()
     }
 
-    fn readiness(&self, sock: &Socket) -> Readiness {
+    fn readiness(&mut self, sock: &Socket) -> Readiness {
         use std::os::fd::AsRawFd;
         // POLLOUT only while blocked on room; otherwise only completions (POLLERR) can help.
         let events = match self.waiting {

@@ -21,10 +21,13 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{cqueue, opcode, squeue, types};
 use socket2::SockAddr;
+
+use super::ring::{self, Cqe, RingCore, UringShared};
 
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::Engine;
@@ -121,15 +124,16 @@ impl<T> Slab<T> {
 }
 
 pub(crate) struct UringEngine<B> {
-    ring: IoUring,
+    core: Arc<Mutex<RingCore>>,
+    owner: u16,
     zc: bool,
     stream: bool,
     cfg: UringConfig,
     queue: VecDeque<(B, Option<SockAddr>)>,
     batches: Slab<Batch<B>>,
     reqs: Slab<Req>,
+    /// This sender's requests pushed and not yet finished.
     in_flight: usize,
-    unsubmitted: usize,
     stream_busy: bool,
     /// Batches whose zero-copy request hit the budget, waiting for another request to finish.
     deferred: Vec<usize>,
@@ -137,9 +141,11 @@ pub(crate) struct UringEngine<B> {
     held: usize,
     ready: Vec<Released<B>>,
     stats: Stats,
-    pool: Option<BufPool>,
-    cqes: Vec<(u64, i32, u32)>,
+    cqes: Vec<Cqe>,
 }
+
+/// How long a sender on a shared ring sleeps before it looks at its inbox again.
+const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 
 /// Smallest buffer a stream socket sends from registered memory (see `registered_index`).
 const FIXED_STREAM_MIN: usize = 64 * 1024;
@@ -150,12 +156,13 @@ fn fixed_index<B: SendBuf>(region: Option<u64>, buf: &B) -> Option<u16> {
     (Some(r) == region).then_some(0)
 }
 
-fn io_err(context: &'static str) -> impl FnOnce(io::Error) -> Error {
-    move |source| Error::Io { context, source }
-}
-
 impl<B: SendBuf> UringEngine<B> {
-    pub(crate) fn new(sock: &Socket, zc: bool, cfg: UringConfig) -> Result<Self, Error> {
+    pub(crate) fn new(
+        sock: &Socket,
+        zc: bool,
+        cfg: UringConfig,
+        shared: Option<&UringShared>,
+    ) -> Result<Self, Error> {
         let unsupported = |reason: String| Error::Unsupported {
             feature: if zc { "io_uring SEND_ZC" } else { "io_uring" }.into(),
             reason,
@@ -180,59 +187,45 @@ impl<B: SendBuf> UringEngine<B> {
                 )));
             }
         }
-        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 {
-            return Err(Error::Unsupported {
-                feature: "an io_uring config with zero entries, batch or queue limit".into(),
-                reason: "give each at least 1".into(),
-            });
-        }
-        let ring = IoUring::builder()
-            .setup_cqsize(cfg.entries.saturating_mul(2))
-            .build(cfg.entries)
-            .map_err(|e| match e.raw_os_error() {
-                Some(libc::ENOMEM) => Error::Io {
-                    context: "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK \
-                              without CAP_IPC_LOCK; raise the limit or lower \
-                              UringConfig::entries",
-                    source: e,
-                },
-                _ => io_err("io_uring_setup")(e),
-            })?;
+        let core = match shared {
+            Some(r) => r.core.clone(),
+            None => ring::private_ring(cfg)?,
+        };
+        let (owner, cfg) = {
+            let mut c = ring::lock(&core);
+            (c.join()?, c.cfg)
+        };
         Ok(Self {
-            ring,
+            core,
+            owner,
             zc,
             stream: sock.kind.is_stream(),
-            cfg: UringConfig {
-                batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
-                ..cfg
-            },
+            cfg,
             queue: VecDeque::new(),
             batches: Slab::new(),
             reqs: Slab::new(),
             in_flight: 0,
-            unsubmitted: 0,
             stream_busy: false,
             deferred: Vec::new(),
             broken: None,
             held: 0,
             ready: Vec::new(),
             stats: Stats::default(),
-            pool: None,
             cqes: Vec::new(),
         })
     }
 
-    fn max_in_flight(&self) -> usize {
-        // Each request posts at most two CQEs; the CQ holds 2 * entries.
-        self.cfg.entries as usize
+    fn core(&self) -> MutexGuard<'_, RingCore> {
+        ring::lock(&self.core)
     }
 
     /// The registered region zero-copy requests may send from, if any.
     fn fixed_region(&self) -> Option<u64> {
-        self.pool
-            .as_ref()
-            .filter(|_| self.zc)
-            .map(BufPool::region_id)
+        if self.zc {
+            self.core().fixed_region()
+        } else {
+            None
+        }
     }
 
     /// Whether `buf` goes as its own `SEND_ZC` from registered memory. On a stream socket only
@@ -250,7 +243,7 @@ impl<B: SendBuf> UringEngine<B> {
     fn issue(&mut self, sock: &Socket) -> io::Result<()> {
         loop {
             let blocked = self.stream && self.stream_busy;
-            if self.queue.is_empty() || blocked || self.in_flight >= self.max_in_flight() {
+            if self.queue.is_empty() || blocked || !self.core().has_room() {
                 return Ok(());
             }
             let mut bufs = Vec::new();
@@ -350,25 +343,18 @@ impl<B: SendBuf> UringEngine<B> {
                 .ioprio(sysu::SEND_ZC_REPORT_USAGE)
                 .build(),
             None => opcode::SendMsg::new(fd, &*msg).flags(flags as u32).build(),
-        }
-        .user_data(req as u64);
+        };
         let r = self.reqs.get_mut(req).expect("just inserted");
         r._iov = iov;
         r._msg = msg;
         self.in_flight += 1;
-        self.unsubmitted += 1;
         self.stats.syscalls += 1;
-        loop {
-            // SAFETY: the SQE points at the iovec and msghdr now owned by `self.reqs[req]`, at the
-            // destination address owned by the batch, and at bytes of buffers owned by the batch.
-            // Requests and batches are removed only after the request's last CQE, so all of it
-            // stays valid and unchanged until the kernel is done; shutdown leaks what is in flight.
-            let pushed = unsafe { self.ring.submission().push(&sqe) }.is_ok();
-            if pushed {
-                return Ok(());
-            }
-            self.submit()?;
-        }
+        let owner = self.owner;
+        // SAFETY: the SQE points at the iovec and msghdr now owned by `self.reqs[req]`, at the
+        // destination address boxed in the batch, and at bytes of buffers owned by the batch.
+        // Requests and batches are removed only after the request's last CQE, so all of it stays
+        // valid and unchanged until the kernel is done; shutdown leaks what is in flight.
+        unsafe { self.core().push(owner, req, sqe) }
     }
 
     /// Reaps, forms new requests, and submits everything pushed. Every path that may be followed
@@ -377,34 +363,16 @@ impl<B: SendBuf> UringEngine<B> {
     fn kick(&mut self, sock: &Socket) -> io::Result<()> {
         self.reap(sock)?;
         self.issue(sock)?;
-        if self.unsubmitted > 0 {
-            self.submit()?;
-        }
-        Ok(())
-    }
-
-    fn submit(&mut self) -> io::Result<()> {
-        match crate::sys::retry(|| self.ring.submit()) {
-            Ok(_) => {
-                self.unsubmitted = 0;
-                Ok(())
-            }
-            // CQ overflow backlog: reap, then submit again on the next progress.
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.core().submit_if_due()
     }
 
     fn reap(&mut self, sock: &Socket) -> io::Result<()> {
-        self.cqes.clear();
-        self.cqes.extend(
-            self.ring
-                .completion()
-                .map(|c| (c.user_data(), c.result(), c.flags())),
-        );
-        let cqes = std::mem::take(&mut self.cqes);
-        for &(ud, res, flags) in &cqes {
-            self.on_cqe(sock, ud as usize, res, flags)?;
+        let mut cqes = std::mem::take(&mut self.cqes);
+        cqes.clear();
+        let owner = self.owner;
+        self.core().reap_for(owner, &mut cqes);
+        for &(req, res, flags) in &cqes {
+            self.on_cqe(sock, req, res, flags)?;
         }
         self.cqes = cqes;
         Ok(())
@@ -553,32 +521,24 @@ impl<B: SendBuf> UringEngine<B> {
         }
     }
 
-    /// Registers `pool`'s region as fixed buffer 0 (`IORING_REGISTER_BUFFERS`).
+    /// Registers `pool`'s region as fixed buffer 0 of the ring (`IORING_REGISTER_BUFFERS`).
     pub(crate) fn register(&mut self, pool: &BufPool) -> Result<(), Error> {
         if !self.zc {
             return Err(Error::Unsupported {
                 feature: "registered buffers with the uring engine".into(),
-                reason: "plain io_uring sends copy anyway; use uring-zc to send from registered                          memory"
+                reason: "plain io_uring sends copy anyway; use uring-zc to send from registered \
+                         memory"
                     .into(),
             });
         }
-        if self.pool.is_some() {
-            return Err(Error::Unsupported {
-                feature: "registering a second pool".into(),
-                reason: "a sender registers one BufPool; draw every buffer from it".into(),
-            });
-        }
-        let (base, len) = pool.region();
-        let iov = libc::iovec {
-            iov_base: base.cast(),
-            iov_len: len,
-        };
-        // SAFETY: the region stays allocated while `self.pool` holds a clone of the pool, which it
-        // does for as long as the ring (and so the registration) lives.
-        unsafe { self.ring.submitter().register_buffers(&[iov]) }
-            .map_err(io_err("io_uring_register(IORING_REGISTER_BUFFERS)"))?;
-        self.pool = Some(pool.clone());
-        Ok(())
+        self.core().register(pool)
+    }
+}
+
+impl<B> Drop for UringEngine<B> {
+    fn drop(&mut self) {
+        let owner = self.owner;
+        ring::lock(&self.core).leave(owner);
     }
 }
 
@@ -607,16 +567,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         self.queue.push_back((buf, dest));
         self.held += 1;
         self.stats.sends += 1;
-        let submitted_waiting = self.in_flight - self.unsubmitted;
-        let res = self.issue(sock).and_then(|()| {
-            if self.unsubmitted > 0
-                && (submitted_waiting == 0 || self.unsubmitted >= self.cfg.batch)
-            {
-                self.submit()
-            } else {
-                Ok(())
-            }
-        });
+        let res = self.issue(sock).and_then(|()| self.core().submit_if_due());
         // The buffer is queued either way; a ring failure shows again at the next progress.
         let _ = res;
         Ok(())
@@ -632,11 +583,24 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         self.held
     }
 
-    fn readiness(&self, _sock: &Socket) -> Readiness {
+    fn readiness(&mut self, _sock: &Socket) -> Readiness {
+        // Whoever waits next must not leave requests unsubmitted: they could be waiting behind
+        // another socket's request that never completes.
+        let mut core = self.core();
+        if let Err(e) = core.submit() {
+            // The wait returns at once on the ring; the error shows at the next progress.
+            let _ = e;
+        }
         Readiness {
-            fd: self.ring.as_raw_fd(),
+            fd: core.fd(),
             events: libc::POLLIN,
         }
+    }
+
+    fn wait_slice(&self) -> Option<Duration> {
+        // Another sender on a shared ring may reap our completions into our inbox without the
+        // ring's fd ever waking us: look again soon.
+        (Arc::strong_count(&self.core) > 1).then_some(SHARED_WAIT_SLICE)
     }
 
     fn stats(&self) -> Stats {
