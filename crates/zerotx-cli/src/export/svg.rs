@@ -45,12 +45,19 @@ pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
             .margin(15)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d((lo * 0.8..hi * 1.25).log_scale(), 0.0..max_mb * 1.1)?;
+            .build_cartesian_2d(
+                (lo * 0.8..hi * 1.25)
+                    .log_scale()
+                    .with_key_points(t.sizes.iter().map(|&s| s as f64).collect::<Vec<_>>()),
+                0.0..max_mb * 1.1,
+            )?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
             .x_desc("bytes per send")
             .y_desc("MB/s")
-            .x_label_formatter(&|v| size_label(*v as usize))
+            .x_label_formatter(&|v| size_label(v.round() as usize))
+            .y_label_formatter(&|v| format!("{v:.0}"))
             .draw()?;
         for (i, engine) in t.engines.iter().enumerate() {
             let color = COLORS[i % COLORS.len()];
@@ -73,6 +80,7 @@ pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
         }
         chart
             .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.8))
             .border_style(BLACK)
             .draw()?;

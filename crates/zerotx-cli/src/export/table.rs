@@ -35,26 +35,49 @@ fn block(
     } else {
         Vec::new()
     };
-    let width = |label: &str| label.len().max(9);
+    // Each column is as wide as its widest entry, at least 9.
+    let cells: Vec<Vec<String>> = t
+        .sizes
+        .iter()
+        .map(|&size| {
+            t.engines
+                .iter()
+                .map(|e| {
+                    t.cell(e, size)
+                        .and_then(&value)
+                        .unwrap_or_else(|| "n/a".into())
+                })
+                .collect()
+        })
+        .collect();
+    let widths: Vec<usize> = t
+        .engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            cells
+                .iter()
+                .map(|r| r[i].len())
+                .chain([e.len(), 9])
+                .max()
+                .unwrap_or(9)
+        })
+        .collect();
     let mut header = format!("  {:>7}", "size");
-    for e in &t.engines {
-        let _ = write!(header, " {e:>w$}", w = width(e));
+    for (e, w) in t.engines.iter().zip(&widths) {
+        let _ = write!(header, " {e:>w$}");
     }
-    for e in &ratio_cols {
-        let label = format!("{e}/copy");
-        let _ = write!(header, " {label:>w$}", w = width(&label));
+    let ratio_labels: Vec<String> = ratio_cols.iter().map(|e| format!("{e}/copy")).collect();
+    for label in &ratio_labels {
+        let _ = write!(header, " {label:>w$}", w = label.len().max(9));
     }
     let _ = writeln!(s, "{}", header.trim_end());
-    for &size in &t.sizes {
+    for (row_cells, &size) in cells.iter().zip(&t.sizes) {
         let mut row = format!("  {:>7}", size_label(size));
-        for e in &t.engines {
-            let v = t
-                .cell(e, size)
-                .and_then(&value)
-                .unwrap_or_else(|| "n/a".into());
-            let _ = write!(row, " {v:>w$}", w = width(e));
+        for (v, w) in row_cells.iter().zip(&widths) {
+            let _ = write!(row, " {v:>w$}");
         }
-        for e in &ratio_cols {
+        for (e, label) in ratio_cols.iter().zip(&ratio_labels) {
             let mb = |name: &str| {
                 t.cell(name, size)
                     .filter(|c| c.error.is_none() && !c.runs.is_empty())
@@ -64,7 +87,7 @@ fn block(
                 (Some(z), Some(c)) if c > 0.0 => format!("{:.2}x", z / c),
                 _ => "n/a".into(),
             };
-            let _ = write!(row, " {r:>w$}", w = width(&format!("{e}/copy")));
+            let _ = write!(row, " {r:>w$}", w = label.len().max(9));
         }
         let _ = writeln!(s, "{row}");
     }
