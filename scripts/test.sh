@@ -10,6 +10,9 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+echo "== cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
+
 echo "== fuzz: cmsg decoder (${ZEROTX_FUZZ_SECONDS:=20} s)"
 if command -v cargo-fuzz >/dev/null 2>&1; then
   # cargo-fuzz wants nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.

@@ -16,6 +16,12 @@
 //! Kernel 6.18 refuses `SO_ZEROCOPY` on RAW, `AF_PACKET` and `AF_UNIX` sockets (`EOPNOTSUPP`):
 //! those send with `copy`. [`probe()`] tells what the running host supports.
 //!
+//! The io_uring engines keep one request in flight per stream socket (several in flight reorder
+//! the byte stream when the socket buffer fills), carrying many buffers as one iovec; datagram
+//! sockets have many requests in flight. Several senders can share one ring ([`UringShared`]) so
+//! one `io_uring_enter` submits for many sockets, and a [`BufPool`] registered with the ring sends
+//! with `IORING_RECVSEND_FIXED_BUF`.
+//!
 //! ## What zerotx gets right, and where it lives
 //! - Buffer lifetimes: [`buf`] documents the rule; no path frees a buffer the kernel may read.
 //! - Completion ids: u32, wrapping, coalesced into ranges that may cross 2^32, one buffer owning

@@ -26,6 +26,20 @@ pub enum CopyReason {
 }
 
 impl Path {
+    /// How a released buffer left: a copy engine copies; a zero-copy engine's buffer was copied
+    /// by zerotx after `ENOBUFS` (`fallback`), or by the kernel (its completion said so).
+    pub(crate) fn of_release(zerocopy_engine: bool, fallback: bool, kernel_copied: bool) -> Path {
+        if !zerocopy_engine {
+            Path::Copied(CopyReason::Engine)
+        } else if fallback {
+            Path::Copied(CopyReason::Fallback)
+        } else if kernel_copied {
+            Path::Copied(CopyReason::Kernel)
+        } else {
+            Path::ZeroCopy
+        }
+    }
+
     /// Whether the kernel really skipped the copy.
     pub fn is_zerocopy(&self) -> bool {
         matches!(self, Path::ZeroCopy)
@@ -84,6 +98,21 @@ pub struct Stats {
     pub skipped_messages: u64,
     /// Buffers released with an error after part of them was sent.
     pub errors: u64,
+}
+
+impl Stats {
+    /// Counts one released buffer.
+    pub(crate) fn count_release(&mut self, path: Path, failed: bool) {
+        match path {
+            Path::ZeroCopy => self.zerocopy += 1,
+            Path::Copied(CopyReason::Kernel) => self.kernel_copied += 1,
+            Path::Copied(CopyReason::Engine) => self.engine_copied += 1,
+            Path::Copied(CopyReason::Fallback) => self.fallbacks += 1,
+        }
+        if failed {
+            self.errors += 1;
+        }
+    }
 }
 
 /// What to wait for before the sender can make progress: poll `fd` for `events`.

@@ -3,7 +3,7 @@
 //! # The rule
 //! A buffer handed to a [`Sender`](crate::Sender) belongs to zerotx until the kernel released it.
 //! Every path gives it back: a send that could not start returns it in the error
-//! ([`TrySendError`](crate::TrySendError)); a send that started returns it, with its
+//! ([`SendError`](crate::SendError)); a send that started returns it, with its
 //! [`Report`](crate::Report), only from [`Sender::reap`](crate::Sender::reap) after the kernel's
 //! completion (or at once for a copy send). Closing a sender with buffers in flight waits for them
 //! up to a deadline, and past it *keeps* them (leaks them deliberately, and counts them in

@@ -22,7 +22,7 @@ use crate::cmsg::{self, ErrQueueMsg};
 use crate::engine::Engine;
 use crate::error::SendError;
 use crate::ledger::{Ledger, Settled, SlotId};
-use crate::report::{CopyReason, Path, Readiness, Released, Report, Stats};
+use crate::report::{Path, Readiness, Released, Report, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
 
@@ -138,34 +138,19 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 }
             }
         }
-        let settled: Vec<_> = self.settled.drain(..).collect();
-        for s in settled {
+        let mut settled = std::mem::take(&mut self.settled);
+        for s in settled.drain(..) {
             let released = self.release(s);
             self.ready.push(released);
         }
+        self.settled = settled;
         Ok(ids)
     }
 
     fn release(&mut self, s: Settled<Record<B>>) -> Released<B> {
         let rec = s.item;
-        let path = if !self.zerocopy {
-            Path::Copied(CopyReason::Engine)
-        } else if rec.fallback {
-            Path::Copied(CopyReason::Fallback)
-        } else if s.kernel_copied {
-            Path::Copied(CopyReason::Kernel)
-        } else {
-            Path::ZeroCopy
-        };
-        match path {
-            Path::ZeroCopy => self.stats.zerocopy += 1,
-            Path::Copied(CopyReason::Kernel) => self.stats.kernel_copied += 1,
-            Path::Copied(CopyReason::Engine) => self.stats.engine_copied += 1,
-            Path::Copied(CopyReason::Fallback) => self.stats.fallbacks += 1,
-        }
-        if rec.error.is_some() {
-            self.stats.errors += 1;
-        }
+        let path = Path::of_release(self.zerocopy, rec.fallback, s.kernel_copied);
+        self.stats.count_release(path, rec.error.is_some());
         Released {
             buf: rec.buf,
             report: Report {

@@ -150,8 +150,12 @@ const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 /// Smallest buffer a stream socket sends from registered memory (see `registered_index`).
 const FIXED_STREAM_MIN: usize = 64 * 1024;
 
-/// Fixed buffer index for `buf` when it lies in the registered `region`.
-fn fixed_index<B: SendBuf>(region: Option<u64>, buf: &B) -> Option<u16> {
+/// Fixed buffer index for `buf` when it lies in the registered `region` (and, on a stream
+/// socket, is large enough to go alone: see `UringEngine::registered_index`).
+fn fixed_index<B: SendBuf>(region: Option<u64>, stream: bool, buf: &B) -> Option<u16> {
+    if stream && buf.as_bytes().len() < FIXED_STREAM_MIN {
+        return None;
+    }
     let (r, _) = buf.registered()?;
     (Some(r) == region).then_some(0)
 }
@@ -233,10 +237,7 @@ impl<B: SendBuf> UringEngine<B> {
     /// flight small ones are faster batched into a `SENDMSG_ZC` iovec (measured: 1400-byte sends
     /// over TCP loopback at 0.4x the batched rate, 64 KiB ones at 1.2x).
     fn registered_index(&self, buf: &B) -> Option<u16> {
-        if self.stream && buf.as_bytes().len() < FIXED_STREAM_MIN {
-            return None;
-        }
-        fixed_index(self.fixed_region(), buf)
+        fixed_index(self.fixed_region(), self.stream, buf)
     }
 
     /// Forms requests from the queue while order and the in-flight cap allow.
@@ -307,25 +308,11 @@ impl<B: SendBuf> UringEngine<B> {
         }
         let flags = libc::MSG_NOSIGNAL | if self.stream { libc::MSG_WAITALL } else { 0 };
         let fd = types::Fd(sock.fd().as_raw_fd());
-        let stream = self.stream;
-        let fixed = b
-            .bufs
-            .first()
-            .filter(|buf| {
-                b.bufs.len() == 1 && (!stream || buf.as_bytes().len() >= FIXED_STREAM_MIN)
-            })
-            .and_then(|buf| fixed_index(region, buf));
+        let fixed = match b.bufs.as_slice() {
+            [one] => fixed_index(region, self.stream, one),
+            _ => None,
+        };
         b.reqs += 1;
-        let req = self.reqs.insert(Req {
-            batch: batch_idx,
-            first_done: false,
-            notif_done: false,
-            _iov: Vec::new(),
-            _msg: Box::new(
-                // SAFETY: as above.
-                unsafe { std::mem::zeroed() },
-            ),
-        });
         let sqe: squeue::Entry = match fixed {
             Some(index) => {
                 let one = iov[0];
@@ -344,9 +331,14 @@ impl<B: SendBuf> UringEngine<B> {
                 .build(),
             None => opcode::SendMsg::new(fd, &*msg).flags(flags as u32).build(),
         };
-        let r = self.reqs.get_mut(req).expect("just inserted");
-        r._iov = iov;
-        r._msg = msg;
+        // Moving the Vec and the Box into the request does not move what they point at.
+        let req = self.reqs.insert(Req {
+            batch: batch_idx,
+            first_done: false,
+            notif_done: false,
+            _iov: iov,
+            _msg: msg,
+        });
         self.in_flight += 1;
         self.stats.syscalls += 1;
         let owner = self.owner;
@@ -354,7 +346,26 @@ impl<B: SendBuf> UringEngine<B> {
         // destination address boxed in the batch, and at bytes of buffers owned by the batch.
         // Requests and batches are removed only after the request's last CQE, so all of it stays
         // valid and unchanged until the kernel is done; shutdown leaks what is in flight.
-        unsafe { self.core().push(owner, req, sqe) }
+        let pushed = unsafe { self.core().push(owner, req, sqe) };
+        if let Err(e) = pushed {
+            // Never queued: undo, and give the batch back with the error if nothing else of it
+            // is in flight, so no buffer waits for a completion that cannot come.
+            self.reqs.remove(req);
+            self.in_flight -= 1;
+            let errno = e.raw_os_error().unwrap_or(libc::EIO);
+            let b = self.batches.get_mut(batch_idx).expect("live batch");
+            b.reqs -= 1;
+            b.error = Some(errno);
+            if b.reqs == 0 {
+                let b = self.batches.remove(batch_idx).expect("live batch");
+                self.release(b);
+            }
+            if self.stream {
+                self.break_stream(errno)?;
+            }
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Reaps, forms new requests, and submits everything pushed. Every path that may be followed
@@ -480,34 +491,18 @@ impl<B: SendBuf> UringEngine<B> {
     }
 
     fn release(&mut self, b: Batch<B>) {
-        let path = if !self.zc {
-            Path::Copied(CopyReason::Engine)
-        } else if b.fallback {
-            Path::Copied(CopyReason::Fallback)
-        } else if b.copied {
-            Path::Copied(CopyReason::Kernel)
-        } else {
-            Path::ZeroCopy
-        };
+        let path = Path::of_release(self.zc, b.fallback, b.copied);
         let latency = b.started.elapsed();
         let mut sent = b.sent;
         for buf in b.bufs {
             let len = buf.as_bytes().len();
             let bytes = len.min(sent);
             sent -= bytes;
-            match path {
-                Path::ZeroCopy => self.stats.zerocopy += 1,
-                Path::Copied(CopyReason::Kernel) => self.stats.kernel_copied += 1,
-                Path::Copied(CopyReason::Engine) => self.stats.engine_copied += 1,
-                Path::Copied(CopyReason::Fallback) => self.stats.fallbacks += 1,
-            }
             let error = b
                 .error
                 .filter(|_| bytes < len)
                 .map(io::Error::from_raw_os_error);
-            if error.is_some() {
-                self.stats.errors += 1;
-            }
+            self.stats.count_release(path, error.is_some());
             self.held -= 1;
             self.ready.push(Released {
                 buf,
