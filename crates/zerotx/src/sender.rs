@@ -69,7 +69,9 @@ pub struct Closed<B> {
     pub released: Vec<Released<B>>,
     /// Buffers the kernel still held at the deadline: leaked on purpose, never freed.
     pub kept: usize,
-    /// The socket, for a caller that wants to go on using it.
+    /// The socket, for a caller that wants to go on using it (to read, shut down, or close it).
+    /// Do not make a new `msg-zc` sender over it: the kernel's zero-copy id counter has moved on,
+    /// and a new sender counts from 0.
     pub fd: OwnedFd,
 }
 
