@@ -183,8 +183,11 @@ fn run_topology(
                     continue;
                 }
                 let outcome = open().and_then(|fd| {
-                    let mut run = run_once(fd, engine, size, &pool, opts.run)?;
+                    let run = run_once(fd, engine, size, &pool, opts.run);
+                    // The run closed the connection either way: take the sink's report now, or
+                    // the next run would read this one's.
                     let sink = sink_cpu()?;
+                    let mut run = run?;
                     run.cpu_seconds = (run.cpu_seconds - sink.as_secs_f64()).max(0.0);
                     Ok(run)
                 });
