@@ -91,6 +91,8 @@ pub struct Ledger<T> {
     window: VecDeque<Entry>,
     base: u32,
     held: usize,
+    /// Ids sent and not completed (the window minus its done entries).
+    pending: usize,
     multi_id_calls: bool,
 }
 
@@ -103,6 +105,7 @@ impl<T> Ledger<T> {
             window: VecDeque::new(),
             base: first_id,
             held: 0,
+            pending: 0,
             multi_id_calls: false,
         }
     }
@@ -125,7 +128,7 @@ impl<T> Ledger<T> {
 
     /// Ids sent and not yet completed.
     pub fn ids_in_flight(&self) -> usize {
-        self.window.iter().filter(|e| !e.done).count()
+        self.pending
     }
 
     /// Starts holding `item`. It is returned only once it is sealed and all its ids completed.
@@ -176,6 +179,7 @@ impl<T> Ledger<T> {
         assert!(!held.sealed, "record_id on a sealed slot");
         held.pending += 1;
         held.ids += 1;
+        self.pending += 1;
         self.window.push_back(Entry {
             slot: slot.0,
             done: false,
@@ -235,6 +239,7 @@ impl<T> Ledger<T> {
                 id: self.base.wrapping_add(i as u32),
             });
         }
+        self.pending -= end - lo;
         for i in lo..end {
             let entry = &mut self.window[i];
             entry.done = true;
@@ -273,6 +278,7 @@ impl<T> Ledger<T> {
         let held = self.slots[newest].as_mut()?;
         held.pending += extra;
         held.ids += extra;
+        self.pending += extra as usize;
         for _ in 0..extra {
             self.window.push_back(Entry {
                 slot: newest,
@@ -288,6 +294,7 @@ impl<T> Ledger<T> {
         self.window.clear();
         self.free.clear();
         self.held = 0;
+        self.pending = 0;
         self.slots.drain(..).flatten().map(|h| h.item).collect()
     }
 }

@@ -669,3 +669,79 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
         assert!(err.to_string().contains("shared io_uring"), "{err}");
     });
 }
+
+/// `poll(2)` on one fd, as a user's event loop would.
+fn poll_fd(fd: i32, events: i16, timeout_ms: i32) -> i32 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) }
+}
+
+#[test]
+fn an_external_poll_loop_drives_every_engine_with_the_non_blocking_calls() {
+    for &kind in util::engines() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                rcvbuf: Some(128 * 1024),
+                // A slow reader: the socket fills, so the loop must wait and be woken.
+                pause: Duration::from_millis(1),
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::new(client, kind).unwrap();
+        let (total, block) = (48 * MIB, 64 * 1024);
+        let count = total / block as u64;
+        let (mut offset, mut released, mut waits) = (0u64, 0u64, 0u32);
+        let mut pending: Option<Vec<u8>> = None;
+        let mut out = Vec::new();
+        while released < count {
+            // Send until the sender pushes back.
+            loop {
+                let buf = match pending.take() {
+                    Some(b) => b,
+                    None if offset < total => {
+                        let mut b = vec![0u8; block];
+                        fill(&mut b, offset);
+                        b
+                    }
+                    None => break,
+                };
+                match tx.try_send(buf) {
+                    Ok(()) => offset += block as u64,
+                    Err(SendError::WouldBlock(b)) => {
+                        pending = Some(b);
+                        break;
+                    }
+                    Err(e) => panic!("{kind}: {e}"),
+                }
+            }
+            released += tx.reap(&mut out).unwrap() as u64;
+            if released == count {
+                break;
+            }
+            // Wait for what the sender says it needs; a lost wake-up shows as a timeout.
+            let r = tx.readiness();
+            let n = poll_fd(r.fd, r.events, 10_000);
+            assert!(
+                n > 0,
+                "{kind}: no readiness within 10 s (events {})",
+                r.events
+            );
+            waits += 1;
+        }
+        assert!(waits > 0, "{kind}: the loop never had to wait");
+        for r in &out {
+            assert!(r.report.error.is_none());
+            assert_eq!(r.report.bytes, block);
+        }
+        drop(tx.close(Duration::from_secs(5)));
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (total, 0), "{kind}");
+    }
+}

@@ -253,7 +253,8 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        if self.zerocopy {
+        // No id in flight, no completion to read: spare the recvmsg.
+        if self.zerocopy && self.ledger.ids_in_flight() > 0 {
             self.reap_errqueue(sock)?;
         }
         self.push_head(sock);
