@@ -43,6 +43,21 @@ impl Drop for Inner {
 }
 
 /// A pool of `count` page-aligned blocks of `block_size` bytes each (rounded up to whole pages).
+///
+/// ```
+/// use zerotx::BufPool;
+///
+/// let pool = BufPool::new(64 * 1024, 8)?;
+/// let mut block = pool.take().expect("8 blocks free");
+/// block[..5].copy_from_slice(b"hello");
+/// let buf = block.freeze(5); // immutable: what a Sender takes
+/// assert_eq!(&*buf, b"hello");
+/// assert_eq!(buf.as_ptr() as usize % 4096, 0);
+/// let block = buf.into_mut(); // after the sender gave it back: write again
+/// drop(block); // back to the pool
+/// assert_eq!(pool.available(), 8);
+/// # Ok::<(), std::io::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct BufPool {
     inner: Arc<Inner>,
