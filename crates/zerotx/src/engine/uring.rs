@@ -234,8 +234,9 @@ impl<B: SendBuf> UringEngine<B> {
 
     /// Whether `buf` goes as its own `SEND_ZC` from registered memory. On a stream socket only
     /// large buffers do: one request carries one registered buffer, and with one request in
-    /// flight small ones are faster batched into a `SENDMSG_ZC` iovec (measured: 1400-byte sends
-    /// over TCP loopback at 0.4x the batched rate, 64 KiB ones at 1.2x).
+    /// flight small ones are faster batched into a `SENDMSG_ZC` iovec (measured over TCP loopback,
+    /// one registered buffer per request against batched: 278 vs 613 MB/s at 1400 bytes, 2655 vs
+    /// 2097 MB/s at 64 KiB).
     fn registered_index(&self, buf: &B) -> Option<u16> {
         fixed_index(self.fixed_region(), self.stream, buf)
     }
