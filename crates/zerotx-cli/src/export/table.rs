@@ -125,6 +125,13 @@ pub fn render(r: &Report) -> String {
         block(
             &mut s,
             t,
+            "sends per second, thousands (median)",
+            |c| ok(c).map(|c| num(c.sends_s / 1000.0)),
+            false,
+        );
+        block(
+            &mut s,
+            t,
             "sender CPU, seconds per GB (median)",
             |c| ok(c).map(|c| num(c.cpu_s_per_gb)),
             false,
