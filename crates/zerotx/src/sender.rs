@@ -187,6 +187,12 @@ impl<B: SendBuf> Sender<B> {
         self.sock.as_ref().expect("socket present until close")
     }
 
+    /// The socket and the engine at once (the engine works on the socket it is given).
+    fn parts(&mut self) -> (&Socket, &mut dyn Engine<B>) {
+        let sock = self.sock.as_ref().expect("socket present until close");
+        (sock, &mut *self.engine)
+    }
+
     /// Registers `pool`'s memory with the engine once (`IORING_REGISTER_BUFFERS`), so its buffers
     /// send with `IORING_RECVSEND_FIXED_BUF` and no per-send page pinning. Only `uring-zc` has
     /// registered sends; other engines answer [`Error::Unsupported`]. Other buffers still work.
@@ -238,8 +244,8 @@ impl<B: SendBuf> Sender<B> {
                          (try_send_to/send_to) or connect it first",
             });
         }
-        let sock = self.sock.as_ref().expect("socket present until close");
-        self.engine.try_send(sock, buf, dest)
+        let (sock, engine) = self.parts();
+        engine.try_send(sock, buf, dest)
     }
 
     /// Without blocking: pushes queued bytes, reads completions, and appends every buffer the
@@ -247,8 +253,8 @@ impl<B: SendBuf> Sender<B> {
     pub fn reap(&mut self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
         let before = out.len();
         out.append(&mut self.ready);
-        let sock = self.sock.as_ref().expect("socket present until close");
-        self.engine.progress(sock, out)?;
+        let (sock, engine) = self.parts();
+        engine.progress(sock, out)?;
         Ok(out.len() - before)
     }
 
@@ -256,8 +262,8 @@ impl<B: SendBuf> Sender<B> {
     /// waiting: the io_uring engines batch submissions and enter the kernel here, so nothing
     /// queued waits behind the sleeper.
     pub fn readiness(&mut self) -> Readiness {
-        let sock = self.sock.as_ref().expect("socket present until close");
-        self.engine.readiness(sock)
+        let (sock, engine) = self.parts();
+        engine.readiness(sock)
     }
 
     /// Buffers accepted and not yet handed back by [`reap`](Self::reap).

@@ -36,7 +36,6 @@ pub(crate) struct RingCore {
     pub(crate) unsubmitted: usize,
     pool: Option<BufPool>,
     enters: u64,
-    orphans: u64,
 }
 
 impl RingCore {
@@ -72,7 +71,6 @@ impl RingCore {
             unsubmitted: 0,
             pool: None,
             enters: 0,
-            orphans: 0,
         })
     }
 
@@ -162,10 +160,10 @@ impl RingCore {
             if io_uring::cqueue::notif(flags) || !io_uring::cqueue::more(flags) {
                 self.in_flight -= 1;
             }
-            match self.inbox.get_mut(&who) {
-                Some(inbox) => inbox.push((req, cqe.result(), flags)),
-                // A sender that left with requests in flight (it leaked their buffers).
-                None => self.orphans += 1,
+            // No inbox: a sender that left with requests in flight (it leaked their buffers);
+            // its CQEs are dropped once they counted the request out above.
+            if let Some(inbox) = self.inbox.get_mut(&who) {
+                inbox.push((req, cqe.result(), flags));
             }
         }
         if let Some(mine) = self.inbox.get_mut(&owner) {

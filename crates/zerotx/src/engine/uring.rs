@@ -362,7 +362,7 @@ impl<B: SendBuf> UringEngine<B> {
                 self.release(b);
             }
             if self.stream {
-                self.break_stream(errno)?;
+                self.break_stream(errno);
             }
             return Err(e);
         }
@@ -441,7 +441,8 @@ impl<B: SendBuf> UringEngine<B> {
             if b.sent < b.total {
                 if n == 0 {
                     b.error = Some(libc::EPIPE);
-                    return self.break_stream(libc::EPIPE);
+                    self.break_stream(libc::EPIPE);
+                    return Ok(());
                 }
                 let fallback = b.fallback;
                 return self.push_request(sock, batch_idx, self.zc && !fallback);
@@ -465,14 +466,15 @@ impl<B: SendBuf> UringEngine<B> {
         }
         b.error = Some(errno);
         if stream {
-            return self.break_stream(errno);
+            self.break_stream(errno);
+            return Ok(());
         }
         Ok(())
     }
 
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued
     /// buffer comes back with the error.
-    fn break_stream(&mut self, errno: i32) -> io::Result<()> {
+    fn break_stream(&mut self, errno: i32) {
         self.stream_busy = false;
         self.broken = Some(errno);
         while let Some((buf, _)) = self.queue.pop_front() {
@@ -488,7 +490,6 @@ impl<B: SendBuf> UringEngine<B> {
                 },
             });
         }
-        Ok(())
     }
 
     fn release(&mut self, b: Batch<B>) {
@@ -609,7 +610,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
 
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {
         let errno = libc::EPIPE;
-        let _ = self.break_stream(errno);
+        self.break_stream(errno);
         out.append(&mut self.ready);
         // Requests in flight: the kernel may still read their buffers (and, before it issued
         // them, their iovecs), so both are leaked, never freed.

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::OnceLock;
 
 use io_uring::{cqueue, opcode, types, IoUring, Probe};
 
@@ -20,10 +21,20 @@ pub struct UringProbe {
     pub sendmsg_zc: bool,
 }
 
-/// Creates a small ring (`io_uring_setup`) and asks which opcodes exist (`IORING_REGISTER_PROBE`).
-/// Fails with the kernel's answer: `ENOSYS` (not built in), `EPERM` (`kernel.io_uring_disabled`
-/// or seccomp).
+/// What io_uring offers, asked once per process and cached: every engine creation and
+/// `zerotx::probe()` share the answer instead of setting up a throwaway ring each time. A refusal
+/// is permanent for the process: `ENOSYS` (not built in), `EPERM` (`kernel.io_uring_disabled` or
+/// seccomp).
 pub fn probe() -> io::Result<UringProbe> {
+    static CACHE: OnceLock<Result<UringProbe, i32>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| ask().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)))
+        .clone()
+        .map_err(io::Error::from_raw_os_error)
+}
+
+/// Creates a small ring (`io_uring_setup`) and asks which opcodes exist (`IORING_REGISTER_PROBE`).
+fn ask() -> io::Result<UringProbe> {
     let ring = IoUring::new(4)?;
     let mut p = Probe::new();
     ring.submitter().register_probe(&mut p)?;
