@@ -17,11 +17,19 @@
 //! marks every item in the range with the flag it was given; callers that need exact answers must
 //! drain the error queue often.
 //!
-//! # Calls that take several ids
-//! On vsock a large send that did not fit the peer's credit took several ids in one call (KERNEL.md).
-//! With [`Ledger::set_multi_id_calls`], a range that runs past the newest id is accepted when all
-//! ids still in flight belong to one item, the newest: the extra ids are given to that item, and
-//! the counter resynchronises to `hi + 1`. Keep one zero-copy send in flight on such sockets.
+//! # Ids no buffer waits for
+//! Some calls leave the caller unsure whether the kernel took an id (KERNEL.md):
+//! - a UDP `sendmsg(MSG_ZEROCOPY)` that fails after the skb was built (a netfilter drop answers
+//!   `EPERM`, a qdisc drop `ENOBUFS` with `IP_RECVERR`) took an id, and the freed skb posted its
+//!   completion before the call returned; a failure before that took none;
+//! - a vsock zero-copy call that returned fewer bytes than asked went by copy and took one id,
+//!   or none if the kernel could not allocate the completion for its last packet.
+//!
+//! [`Ledger::record_unowned_id`] puts such an id in the window owned by no buffer: a completion
+//! may cover it, and nothing is released for it. [`Ledger::retract_unowned`] takes it back when
+//! the caller learned it was never taken (UDP: the error queue, read right after the failure, did
+//! not complete it). An unowned id that stays is the safe guess: if the kernel did not take it,
+//! later buffers are released one completion late, never early.
 
 use std::collections::VecDeque;
 
@@ -70,7 +78,8 @@ pub enum LedgerError {
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    slot: usize,
+    /// The item waiting for this id; `None` for an unowned id (see the module docs).
+    slot: Option<usize>,
     done: bool,
 }
 
@@ -91,9 +100,10 @@ pub struct Ledger<T> {
     window: VecDeque<Entry>,
     base: u32,
     held: usize,
-    /// Ids sent and not completed (the window minus its done entries).
+    /// Owned ids sent and not completed.
     pending: usize,
-    multi_id_calls: bool,
+    /// Unowned ids not completed (or retracted).
+    unowned: usize,
 }
 
 impl<T> Ledger<T> {
@@ -106,13 +116,8 @@ impl<T> Ledger<T> {
             base: first_id,
             held: 0,
             pending: 0,
-            multi_id_calls: false,
+            unowned: 0,
         }
-    }
-
-    /// Accept ranges that show one call took several ids (vsock). See the module docs.
-    pub fn set_multi_id_calls(&mut self, on: bool) {
-        self.multi_id_calls = on;
     }
 
     /// The id the next successful zero-copy send takes.
@@ -126,9 +131,14 @@ impl<T> Ledger<T> {
         self.held
     }
 
-    /// Ids sent and not yet completed.
+    /// Ids sent for held items and not yet completed: what a sender can wait for.
     pub fn ids_in_flight(&self) -> usize {
         self.pending
+    }
+
+    /// Unowned ids not yet completed (see the module docs).
+    pub fn unowned_in_flight(&self) -> usize {
+        self.unowned
     }
 
     /// Starts holding `item`. It is returned only once it is sealed and all its ids completed.
@@ -181,10 +191,38 @@ impl<T> Ledger<T> {
         held.ids += 1;
         self.pending += 1;
         self.window.push_back(Entry {
-            slot: slot.0,
+            slot: Some(slot.0),
             done: false,
         });
         id
+    }
+
+    /// Records an id the kernel may have taken for a call whose bytes no buffer needs to wait
+    /// for; returns it. See the module docs.
+    pub fn record_unowned_id(&mut self) -> u32 {
+        let id = self.next_id();
+        self.unowned += 1;
+        self.window.push_back(Entry {
+            slot: None,
+            done: false,
+        });
+        id
+    }
+
+    /// Takes back the unowned `id` if it is still the newest id and has not completed: the caller
+    /// learned the kernel never took it. Returns whether it was taken back; `false` means a
+    /// completion covered it (the kernel took it) or later ids were recorded after it, and it
+    /// stays.
+    pub fn retract_unowned(&mut self, id: u32) -> bool {
+        let newest = self.next_id().wrapping_sub(1);
+        match self.window.back() {
+            Some(e) if id == newest && e.slot.is_none() && !e.done => {
+                self.window.pop_back();
+                self.unowned -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// No more ids will be recorded for `slot`. Returns the item at once if none are pending;
@@ -226,12 +264,9 @@ impl<T> Ledger<T> {
             oldest: self.base,
             next_id: self.next_id(),
         };
-        if off >= len {
-            return Err(out_of_window);
-        }
         let end = off + count;
-        if end > len {
-            self.extend_newest(off, end - len).ok_or(out_of_window)?;
+        if off >= len || end > len {
+            return Err(out_of_window);
         }
         let (lo, end) = (off as usize, end as usize);
         if let Some(i) = (lo..end).find(|&i| self.window[i].done) {
@@ -239,11 +274,14 @@ impl<T> Ledger<T> {
                 id: self.base.wrapping_add(i as u32),
             });
         }
-        self.pending -= end - lo;
         for i in lo..end {
             let entry = &mut self.window[i];
             entry.done = true;
-            let slot = entry.slot;
+            let Some(slot) = entry.slot else {
+                self.unowned -= 1;
+                continue;
+            };
+            self.pending -= 1;
             let held = self.slots[slot]
                 .as_mut()
                 .expect("window points at a free slot");
@@ -260,34 +298,6 @@ impl<T> Ledger<T> {
         Ok(count)
     }
 
-    /// Gives `extra` ids past the newest to the newest item, when the multi-id rule allows it.
-    fn extend_newest(&mut self, off: u64, extra: u64) -> Option<()> {
-        if !self.multi_id_calls {
-            return None;
-        }
-        let newest = self.window.back()?.slot;
-        let only_newest_in_flight = self
-            .window
-            .iter()
-            .skip(off as usize)
-            .all(|e| e.slot == newest && !e.done)
-            && self.window.iter().all(|e| e.done || e.slot == newest);
-        if !only_newest_in_flight || extra > u64::from(u32::MAX) - self.window.len() as u64 {
-            return None;
-        }
-        let held = self.slots[newest].as_mut()?;
-        held.pending += extra;
-        held.ids += extra;
-        self.pending += extra as usize;
-        for _ in 0..extra {
-            self.window.push_back(Entry {
-                slot: newest,
-                done: false,
-            });
-        }
-        Some(())
-    }
-
     /// Removes every item still held, whatever its ids, for a caller that will never return them
     /// (it leaks them so the kernel may keep reading). Ids in flight are forgotten.
     pub fn take_all(&mut self) -> Vec<T> {
@@ -295,6 +305,7 @@ impl<T> Ledger<T> {
         self.free.clear();
         self.held = 0;
         self.pending = 0;
+        self.unowned = 0;
         self.slots.drain(..).flatten().map(|h| h.item).collect()
     }
 }
@@ -385,28 +396,43 @@ mod tests {
     }
 
     #[test]
-    fn multi_id_call_resynchronises_only_with_one_send_in_flight() {
-        let mut l = Ledger::new(0);
-        l.set_multi_id_calls(true);
-        let a = l.insert("big");
-        l.record_id(a);
+    fn unowned_ids_release_nothing_and_can_be_taken_back() {
+        let mut l = Ledger::new(7);
+        let a = l.insert("a");
+        assert_eq!(l.record_id(a), 7);
         l.seal(a);
+        // A failed UDP send that took no id: recorded, then taken back.
+        let maybe = l.record_unowned_id();
+        assert_eq!(maybe, 8);
+        assert!(l.retract_unowned(maybe));
+        assert_eq!(l.next_id(), 8);
+        // One that did take an id: its completion (coalesced with a's) arrives first.
+        let maybe = l.record_unowned_id();
         let mut out = Vec::new();
-        // The kernel says the one call took ids 0..=4.
-        assert_eq!(l.complete(r(0, 4), &mut out), Ok(5));
+        assert_eq!(l.complete(r(7, 8), &mut out), Ok(2));
         assert_eq!(out.len(), 1);
-        assert_eq!(l.next_id(), 5);
-        // Two sends in flight: an id from the future is refused.
+        assert!(
+            !l.retract_unowned(maybe),
+            "a completed id cannot be taken back"
+        );
+        assert_eq!(l.next_id(), 9);
+        // An unowned id that stays holds nobody back and counts apart from owned ids.
         let b = l.insert("b");
+        let ghost = l.record_unowned_id();
+        assert_eq!(l.record_id(b), 10);
+        assert!(!l.retract_unowned(ghost), "not the newest: it stays");
+        l.seal(b);
+        assert_eq!((l.ids_in_flight(), l.unowned_in_flight()), (1, 1));
+        assert_eq!(l.complete(r(10, 10), &mut out), Ok(1));
+        assert_eq!(out.len(), 2);
+        assert_eq!(l.complete(r(9, 9), &mut out), Ok(1));
+        assert_eq!(
+            (l.ids_in_flight(), l.unowned_in_flight(), l.held()),
+            (0, 0, 0)
+        );
+        // Beyond the newest id is refused: there is no multi-id guess.
         let c = l.insert("c");
-        l.record_id(b);
         l.record_id(c);
-        assert!(l.complete(r(5, 8), &mut out).is_err());
-        assert_eq!(out.len(), 1);
-        // Without the rule, it is refused even with one send in flight.
-        let mut strict = Ledger::new(0);
-        let d = strict.insert(());
-        strict.record_id(d);
-        assert!(strict.complete(r(0, 1), &mut Vec::new()).is_err());
+        assert!(l.complete(r(11, 12), &mut out).is_err());
     }
 }

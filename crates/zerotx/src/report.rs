@@ -98,6 +98,12 @@ pub struct Stats {
     pub skipped_messages: u64,
     /// Buffers released with an error after part of them was sent.
     pub errors: u64,
+    /// `MSG_ZEROCOPY` ids the kernel took for this sender's calls (as the sender learned them;
+    /// a short vsock call counts one).
+    pub zerocopy_ids: u64,
+    /// `MSG_ZEROCOPY` ids whose completion arrived. Equal to `zerocopy_ids` once everything was
+    /// released: every id completed exactly once.
+    pub zerocopy_ids_completed: u64,
 }
 
 impl Stats {

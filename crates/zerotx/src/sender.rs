@@ -41,6 +41,12 @@ pub struct SenderConfig {
     /// Submit through this shared ring instead of one of the sender's own, so one
     /// `io_uring_enter` carries requests for many sockets (io_uring engines only).
     pub ring: Option<UringShared>,
+    /// For `msg-zc` on a socket that already has `SO_ZEROCOPY` set: the id its next
+    /// `MSG_ZEROCOPY` send takes (the kernel counts from 0 per socket). `None` (the default)
+    /// refuses such a socket, since a wrong count releases buffers early. Set `Some(0)` for a
+    /// socket accepted from a listener that had `SO_ZEROCOPY` set (it inherits the flag, with a
+    /// fresh counter).
+    pub zerocopy_first_id: Option<u32>,
 }
 
 impl SenderConfig {
@@ -50,6 +56,7 @@ impl SenderConfig {
             engine,
             uring: UringConfig::default(),
             ring: None,
+            zerocopy_first_id: None,
         }
     }
 
@@ -83,8 +90,9 @@ pub struct Closed<B> {
 /// buffers; [`readiness`](Self::readiness) says what to poll for. [`send`](Self::send),
 /// [`flush`](Self::flush) and [`close`](Self::close) block on top of it.
 ///
-/// The socket must not have sent with `MSG_ZEROCOPY` before it was handed over: the sender counts
-/// completion ids from 0, as the kernel does for a fresh socket.
+/// For `msg-zc` the sender counts completion ids from 0, as the kernel does for a fresh socket; a
+/// socket that already has `SO_ZEROCOPY` set is refused unless
+/// [`SenderConfig::zerocopy_first_id`] says where the kernel's counter stands.
 ///
 /// ```no_run
 /// use std::net::TcpStream;
@@ -137,10 +145,10 @@ impl<B: SendBuf> Sender<B> {
             });
         }
         let engine: Box<dyn Engine<B>> = match kind {
-            EngineKind::Copy => Box::new(SendmsgEngine::new(&sock, false)),
+            EngineKind::Copy => Box::new(SendmsgEngine::new(&sock, false, 0)),
             EngineKind::MsgZerocopy => {
-                sock.enable_zerocopy()?;
-                Box::new(SendmsgEngine::new(&sock, true))
+                let first_id = sock.enable_zerocopy(cfg.zerocopy_first_id)?;
+                Box::new(SendmsgEngine::new(&sock, true, first_id))
             }
             EngineKind::Uring => Box::new(UringEngine::new(
                 &sock,

@@ -155,6 +155,15 @@ impl Socket {
                     .into(),
             });
         }
+        if kind.family == Family::Vsock && kind.ty == SockType::Seqpacket {
+            return Err(Error::Unsupported {
+                feature: "sending on a vsock-seqpacket socket".into(),
+                reason: "a non-blocking vsock SOCK_SEQPACKET send can answer EAGAIN after part of \
+                         the message was queued, so a retry would send its start twice; use a \
+                         vsock stream socket"
+                    .into(),
+            });
+        }
         if info.listening {
             return Err(Error::Listening { kind });
         }
@@ -176,8 +185,34 @@ impl Socket {
         self.fd
     }
 
-    /// `SO_ZEROCOPY`, with "not supported here" answers mapped to [`Error::Unsupported`].
-    pub(crate) fn enable_zerocopy(&self) -> Result<(), Error> {
+    /// Turns on `SO_ZEROCOPY` and returns the id the next zero-copy send takes, with "not
+    /// supported here" answers mapped to [`Error::Unsupported`].
+    ///
+    /// The kernel numbers zero-copy sends per socket from 0 and never says where its counter
+    /// stands. A socket that already has `SO_ZEROCOPY` may have sent with `MSG_ZEROCOPY` (through
+    /// another sender or a clone of the descriptor): counting from 0 then would release buffers
+    /// on other sends' completions. So such a socket is refused unless the caller names the next
+    /// id (`first_id`; 0 for a socket accepted from a listener that had `SO_ZEROCOPY` set).
+    pub(crate) fn enable_zerocopy(&self, first_id: Option<u32>) -> Result<u32, Error> {
+        let already = sys::zerocopy_enabled(self.fd()).unwrap_or(false);
+        if already && first_id.is_none() {
+            return Err(Error::Unsupported {
+                feature: format!(
+                    "a msg-zc sender on a {} socket that already has SO_ZEROCOPY",
+                    self.kind
+                ),
+                reason: "earlier MSG_ZEROCOPY sends may have moved the kernel's id counter, and \
+                         counting from 0 would release buffers early; give a fresh socket, or set \
+                         SenderConfig::zerocopy_first_id to the id its next zero-copy send takes \
+                         (0 for a socket accepted from a listener with SO_ZEROCOPY set)"
+                    .into(),
+            });
+        }
+        self.set_zerocopy()?;
+        Ok(first_id.unwrap_or(0))
+    }
+
+    fn set_zerocopy(&self) -> Result<(), Error> {
         sys::enable_zerocopy(self.fd()).map_err(|e| match e.raw_os_error() {
             Some(libc::ENOPROTOOPT | libc::EOPNOTSUPP | sys::ENOTSUPP) => Error::Unsupported {
                 feature: format!("MSG_ZEROCOPY on {} sockets", self.kind),

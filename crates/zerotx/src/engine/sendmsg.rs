@@ -3,14 +3,39 @@
 //! One implementation serves both because the only differences are the flag, the ids it takes and
 //! the error queue it must read. A buffer's life:
 //! 1. `try_send` inserts it into the [`Ledger`] and calls `sendmsg` until it is fully queued or the
-//!    socket is full. Each successful zero-copy call takes the next id. A stream socket may take
-//!    part of the buffer; the rest becomes the *head*, pushed first by later calls, so the byte
-//!    stream keeps the caller's order.
-//! 2. `ENOBUFS` (option memory or locked memory) makes the engine read completions and retry; with
-//!    nothing in flight to wait for, the rest of that buffer goes by copy (a *fallback*), so the
-//!    engine never spins and never waits for something that cannot come.
+//!    socket is full. A stream socket may take part of the buffer; the rest becomes the *head*,
+//!    pushed first by later calls, so the byte stream keeps the caller's order.
+//! 2. The zero-copy budget (`ENOBUFS` from option memory or locked memory; `ENOMEM` on vsock)
+//!    makes the engine read completions and retry; with nothing in flight to wait for, the rest
+//!    of that buffer goes by copy (a *fallback*), so the engine never spins and never waits for
+//!    something that cannot come.
 //! 3. The error queue is read without blocking; completion ranges go to the ledger, which returns
 //!    buffers whose every id completed. Copy sends release at once.
+//!
+//! # Which calls take an id ([`IdRule`])
+//! The kernel's per-socket counter moves differently per protocol (KERNEL.md), and the ledger
+//! must follow it exactly: one id too few releases a buffer on its predecessor's completion.
+//! - **TCP** (and every other stream but vsock): a call that returns bytes took exactly one id; a
+//!   call that failed took none (`tcp_sendmsg_locked` hands it back on its error path).
+//! - **UDP** (datagrams): `__ip_append_data` takes the id when it builds the skb and hands it
+//!   back only on its own errors (`EAGAIN`, `EMSGSIZE`, `EFAULT`...); a later failure keeps it
+//!   (`udp_send_skb` -> `ip_send_skb`: a netfilter drop answers `EPERM`, a qdisc drop `ENOBUFS`
+//!   when `IP_RECVERR` is set), and the skb, freed before the call returns, has already posted
+//!   that id's completion. So after any other failure the engine records an unowned id, reads the
+//!   error queue at once, and takes the id back if no completion covered it. The answer also
+//!   tells the two `ENOBUFS` apart: no id taken is the budget (retry or fall back); an id taken is
+//!   a dropped datagram (an error for the caller, never retried into a drop that repeats).
+//! - **vsock** (6.7+): one zero-copy call of at most [`VSOCK_ZC_MAX`] bytes is one packet and
+//!   takes one id, or fails whole with `ENOMEM` (the budget) and takes none. Larger calls are
+//!   split into packets and only the last one carries the id: when its completion cannot be
+//!   allocated, 6.7-6.12 return the bytes already sent having taken no id, and the earlier packets
+//!   still pin the caller's pages with nothing to say when they are free. So zero-copy calls are
+//!   capped at 64 KiB. A call that returns fewer bytes than asked (the peer's credit was short)
+//!   went by copy and took one id, or none if the completion could not be allocated: it gets an
+//!   unowned id, the safe guess (a wrong guess releases later buffers late, never early).
+//! - A stream that failed after part of a buffer went out is *broken*: sending anything more would
+//!   leave a gap in the byte stream, so every later send fails with the same error (the io_uring
+//!   engine follows the same rule).
 
 use std::io::{self, IoSlice};
 use std::time::Instant;
@@ -22,18 +47,35 @@ use crate::cmsg::{self, ErrQueueMsg};
 use crate::engine::Engine;
 use crate::error::SendError;
 use crate::ledger::{Ledger, Settled, SlotId};
-use crate::report::{Path, Readiness, Released, Report, Stats};
+use crate::report::{CopyReason, Path, Readiness, Released, Report, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
 
 /// Room for several messages' worth of control data; a completion needs 48 bytes.
 const CONTROL_LEN: usize = 512;
 
+/// The largest vsock zero-copy call: one virtio-vsock packet (`VIRTIO_VSOCK_MAX_PKT_BUF_SIZE`),
+/// which the kernel sends whole with one id or refuses whole.
+pub(crate) const VSOCK_ZC_MAX: usize = 64 * 1024;
+
+/// How a socket's zero-copy id counter moves (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdRule {
+    /// A failed call took no id.
+    Stream,
+    /// A failed call may have taken an id, whose completion is already queued.
+    Datagram,
+    /// Calls capped at one packet; a short call may have taken an id.
+    Vsock,
+}
+
 struct Record<B> {
     buf: B,
     dest: Option<SockAddr>,
     sent: usize,
     fallback: bool,
+    /// Part of it went by copy on the kernel's own decision (a short vsock call).
+    kernel_copied: bool,
     error: Option<io::Error>,
     started: Instant,
 }
@@ -47,8 +89,12 @@ enum Wait {
 
 pub(crate) struct SendmsgEngine<B> {
     zerocopy: bool,
+    rule: IdRule,
+    stream: bool,
     ledger: Ledger<Record<B>>,
     head: Option<SlotId>,
+    /// Set once a stream failed after part of a buffer went out: nothing more may be sent.
+    broken: Option<i32>,
     ready: Vec<Released<B>>,
     waiting: Wait,
     stats: Stats,
@@ -58,15 +104,23 @@ pub(crate) struct SendmsgEngine<B> {
 }
 
 impl<B: SendBuf> SendmsgEngine<B> {
-    /// `zerocopy` must only be set once `SO_ZEROCOPY` was accepted on `sock`.
-    pub(crate) fn new(sock: &Socket, zerocopy: bool) -> Self {
-        let mut ledger = Ledger::new(0);
-        // vsock may give one call several ids (KERNEL.md); the ledger resynchronises from ranges.
-        ledger.set_multi_id_calls(sock.kind.family == Family::Vsock);
+    /// `zerocopy` must only be set once `SO_ZEROCOPY` was accepted on `sock`, whose next
+    /// zero-copy id is `first_id` (0 on a fresh socket).
+    pub(crate) fn new(sock: &Socket, zerocopy: bool, first_id: u32) -> Self {
+        let rule = if sock.kind.family == Family::Vsock {
+            IdRule::Vsock
+        } else if sock.kind.is_stream() {
+            IdRule::Stream
+        } else {
+            IdRule::Datagram
+        };
         Self {
             zerocopy,
-            ledger,
+            rule,
+            stream: sock.kind.is_stream(),
+            ledger: Ledger::new(first_id),
             head: None,
+            broken: None,
             ready: Vec::new(),
             waiting: Wait::Nothing,
             stats: Stats::default(),
@@ -85,25 +139,58 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 return Ok(Wait::Nothing);
             }
             let zc = self.zerocopy && !rec.fallback;
+            let len = match self.rule {
+                IdRule::Vsock if zc => rest.len().min(VSOCK_ZC_MAX),
+                _ => rest.len(),
+            };
             let flags = if zc { sys::MSG_ZEROCOPY } else { 0 };
             self.stats.syscalls += 1;
-            match sys::sendmsg(sock.fd(), &[IoSlice::new(rest)], rec.dest.as_ref(), flags) {
+            match sys::sendmsg(
+                sock.fd(),
+                &[IoSlice::new(&rest[..len])],
+                rec.dest.as_ref(),
+                flags,
+            ) {
                 Ok(n) => {
-                    if zc {
+                    let short_vsock = self.rule == IdRule::Vsock && n < len;
+                    if zc && short_vsock {
+                        // Copied (the peer's credit was short), one id or none: see module docs.
+                        self.ledger.record_unowned_id();
+                        self.stats.zerocopy_ids += 1;
+                    } else if zc {
                         self.ledger.record_id(slot);
+                        self.stats.zerocopy_ids += 1;
                     }
                     self.stats.bytes += n as u64;
                     let rec = self.ledger.item_mut(slot);
                     rec.sent += n;
-                    if !sock.kind.is_stream() {
+                    rec.kernel_copied |= zc && short_vsock;
+                    if !self.stream {
                         // Datagrams go whole or not at all.
                         rec.sent = rec.buf.as_bytes().len();
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
-                Err(e) if zc && e.raw_os_error() == Some(libc::ENOBUFS) => {
+                Err(e) if zc => {
+                    // EMSGSIZE is refused before the id is taken; EAGAIN was handled above.
+                    let uncertain =
+                        self.rule == IdRule::Datagram && e.raw_os_error() != Some(libc::EMSGSIZE);
+                    let (took_id, reaped) = if uncertain {
+                        self.learn_failed_datagram_id(sock)
+                    } else {
+                        (false, 0)
+                    };
+                    let budget = match e.raw_os_error() {
+                        Some(libc::ENOBUFS) => true,
+                        Some(libc::ENOMEM) => self.rule == IdRule::Vsock,
+                        _ => false,
+                    };
+                    if took_id || !budget {
+                        // A datagram the stack built and then dropped, or a real error.
+                        return Err(e);
+                    }
                     self.stats.enobufs += 1;
-                    if self.reap_errqueue(sock)? > 0 {
+                    if reaped + self.reap_errqueue(sock) > 0 {
                         continue;
                     }
                     if self.ledger.ids_in_flight() == 0 {
@@ -117,10 +204,35 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
-    /// Reads the error queue dry; returns how many ids completed.
-    fn reap_errqueue(&mut self, sock: &Socket) -> io::Result<u64> {
+    /// After a zero-copy datagram send failed: did it take an id? The stack frees the skb of a
+    /// failed send before the call returns, so its completion, if any, is already queued.
+    /// Returns the answer and how many owned ids the error-queue read completed.
+    fn learn_failed_datagram_id(&mut self, sock: &Socket) -> (bool, u64) {
+        let id = self.ledger.record_unowned_id();
+        let reaped = self.reap_errqueue(sock);
+        let taken = !self.ledger.retract_unowned(id);
+        if taken {
+            self.stats.zerocopy_ids += 1;
+        }
+        (taken, reaped)
+    }
+
+    /// Reads the error queue dry; returns how many owned ids completed. A message the decoder or
+    /// the ledger refuses is counted in `bad_completions` and skipped, never an error of a send.
+    fn reap_errqueue(&mut self, sock: &Socket) -> u64 {
         let mut ids = 0;
-        while let Some(read) = sys::recv_errqueue(sock.fd(), &mut self.control)? {
+        loop {
+            let read = match sys::recv_errqueue(sock.fd(), &mut self.control) {
+                Ok(Some(read)) => read,
+                Ok(None) => break,
+                Err(_) => {
+                    // MSG_CTRUNC (cannot happen with CONTROL_LEN) or a socket error: the message
+                    // is gone; its ids, if any, stay in flight and the sender times out on them
+                    // rather than releasing anything early.
+                    self.stats.bad_completions += 1;
+                    break;
+                }
+            };
             self.msgs.clear();
             if cmsg::decode(&self.control[..read.control_len], &mut self.msgs).is_err() {
                 self.stats.bad_completions += 1;
@@ -129,8 +241,12 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 match msg {
                     ErrQueueMsg::Zerocopy(range) => {
                         self.stats.completions += 1;
+                        let owned_before = self.ledger.ids_in_flight();
                         match self.ledger.complete(range, &mut self.settled) {
-                            Ok(n) => ids += n,
+                            Ok(n) => {
+                                self.stats.zerocopy_ids_completed += n;
+                                ids += (owned_before - self.ledger.ids_in_flight()) as u64;
+                            }
                             Err(_) => self.stats.bad_completions += 1,
                         }
                     }
@@ -144,12 +260,19 @@ impl<B: SendBuf> SendmsgEngine<B> {
             self.ready.push(released);
         }
         self.settled = settled;
-        Ok(ids)
+        if ids > 0 && self.waiting == Wait::Completions {
+            // What the blocked send waited for came: it may go as soon as there is room.
+            self.waiting = Wait::Writable;
+        }
+        ids
     }
 
     fn release(&mut self, s: Settled<Record<B>>) -> Released<B> {
         let rec = s.item;
-        let path = Path::of_release(self.zerocopy, rec.fallback, s.kernel_copied);
+        let path = match Path::of_release(self.zerocopy, rec.fallback, s.kernel_copied) {
+            Path::ZeroCopy if rec.kernel_copied => Path::Copied(CopyReason::Kernel),
+            path => path,
+        };
         self.stats.count_release(path, rec.error.is_some());
         Released {
             buf: rec.buf,
@@ -175,6 +298,16 @@ impl<B: SendBuf> SendmsgEngine<B> {
         self.ledger.seal(slot).map(|s| s.item.buf)
     }
 
+    /// Ends `slot` with `error` after part of it went out. On a stream that part is on the wire
+    /// and the rest never will be: the stream is broken for good.
+    fn fail_partly_sent(&mut self, slot: SlotId, error: io::Error) {
+        if self.stream {
+            self.broken = Some(error.raw_os_error().unwrap_or(libc::EIO));
+        }
+        self.ledger.item_mut(slot).error = Some(error);
+        self.seal(slot);
+    }
+
     fn push_head(&mut self, sock: &Socket) {
         let Some(slot) = self.head else { return };
         match self.write(sock, slot) {
@@ -187,10 +320,13 @@ impl<B: SendBuf> SendmsgEngine<B> {
             Err(e) => {
                 self.head = None;
                 self.waiting = Wait::Nothing;
-                self.ledger.item_mut(slot).error = Some(e);
-                self.seal(slot);
+                self.fail_partly_sent(slot, e);
             }
         }
+    }
+
+    fn broken_error(&self) -> Option<io::Error> {
+        self.broken.map(io::Error::from_raw_os_error)
     }
 }
 
@@ -208,11 +344,15 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                 return Err(SendError::WouldBlock(buf));
             }
         }
+        if let Some(error) = self.broken_error() {
+            return Err(SendError::Io { buf, error });
+        }
         let slot = self.ledger.insert(Record {
             buf,
             dest,
             sent: 0,
             fallback: false,
+            kernel_copied: false,
             error: None,
             started: Instant::now(),
         });
@@ -245,17 +385,18 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                 }
                 // Part of it is in the kernel: report the error with the release.
                 self.stats.sends += 1;
-                self.ledger.item_mut(slot).error = Some(error);
-                self.seal(slot);
+                self.fail_partly_sent(slot, error);
                 Ok(())
             }
         }
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        // No id in flight, no completion to read: spare the recvmsg.
-        if self.zerocopy && self.ledger.ids_in_flight() > 0 {
-            self.reap_errqueue(sock)?;
+        // Always read the error queue: besides completions it may hold ICMP errors or
+        // timestamps, which keep POLLERR up (a caller's poll loop would spin) until read.
+        self.reap_errqueue(sock);
+        if self.waiting == Wait::Completions && self.ledger.ids_in_flight() == 0 {
+            self.waiting = Wait::Writable;
         }
         self.push_head(sock);
         out.append(&mut self.ready);
@@ -268,9 +409,11 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
 
     fn readiness(&mut self, sock: &Socket) -> Readiness {
         use std::os::fd::AsRawFd;
-        // POLLOUT only while blocked on room; otherwise only completions (POLLERR) can help.
+        // POLLOUT while a send waits for room, or for completions that have come since (or can
+        // no longer come); otherwise only completions (POLLERR, always reported) can help.
         let events = match self.waiting {
             Wait::Writable => libc::POLLOUT,
+            Wait::Completions if self.ledger.ids_in_flight() == 0 => libc::POLLOUT,
             Wait::Completions | Wait::Nothing => 0,
         };
         Readiness {
@@ -285,11 +428,13 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
 
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {
         if let Some(slot) = self.head.take() {
-            self.ledger.item_mut(slot).error = Some(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "sender closed before the rest of the buffer was sent",
-            ));
-            self.seal(slot);
+            self.fail_partly_sent(
+                slot,
+                io::Error::new(
+                    io::ErrorKind::BrokenPipe,
+                    "sender closed before the rest of the buffer was sent",
+                ),
+            );
         }
         out.append(&mut self.ready);
         self.ledger.take_all().into_iter().map(|r| r.buf).collect()

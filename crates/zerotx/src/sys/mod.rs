@@ -118,6 +118,11 @@ pub fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
 }
 
+/// `getsockopt(SOL_SOCKET, SO_ZEROCOPY)`: whether the socket already opted in.
+pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(getsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY)? != 0)
+}
+
 /// `sendmsg(2)` with `MSG_DONTWAIT | MSG_NOSIGNAL | extra_flags`, retried on `EINTR`.
 pub fn sendmsg(
     fd: BorrowedFd<'_>,
@@ -182,10 +187,7 @@ pub fn recv_errqueue(fd: BorrowedFd<'_>, control: &mut [u8]) -> io::Result<Optio
 /// `poll(2)` on one fd; returns `revents` (0 on timeout). `None` waits forever.
 /// Takes a raw descriptor: a stale one makes poll report `POLLNVAL`, never touch other memory.
 pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
-    let ms = match timeout {
-        None => -1,
-        Some(d) => d.as_millis().clamp(0, i32::MAX as u128) as i32,
-    };
+    let ms = timeout.map_or(-1, poll_millis);
     let mut pfd = libc::pollfd {
         fd,
         events,
@@ -193,6 +195,13 @@ pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result
     };
     retry(|| syscall!(poll(&mut pfd, 1, ms)))?;
     Ok(pfd.revents)
+}
+
+/// A timeout in poll(2)'s milliseconds, rounded up: truncating would turn the last partial
+/// millisecond before a deadline into polls that return at once (a busy loop).
+fn poll_millis(d: Duration) -> i32 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    ms.min(i32::MAX as u128) as i32
 }
 
 /// `socket(2)` with `SOCK_CLOEXEC`.
@@ -300,4 +309,19 @@ pub fn l2_cache_bytes() -> Option<usize> {
         },
     };
     num.parse::<usize>().ok().map(|n| n * mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_timeouts_round_up_so_a_deadline_never_spins() {
+        assert_eq!(poll_millis(Duration::ZERO), 0);
+        assert_eq!(poll_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(poll_millis(Duration::from_micros(999)), 1);
+        assert_eq!(poll_millis(Duration::from_millis(5)), 5);
+        assert_eq!(poll_millis(Duration::from_micros(5001)), 6);
+        assert_eq!(poll_millis(Duration::from_secs(u64::MAX)), i32::MAX);
+    }
 }

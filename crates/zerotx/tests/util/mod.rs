@@ -296,3 +296,62 @@ pub fn run_child_test(name: &str, env: &str) {
         "child {name} failed:\n{stdout}\n{stderr}"
     );
 }
+
+/// Runs a command (`nft`, `tc`...) in the calling thread's network namespace; panics with its
+/// output when it fails, or fails/skips (see [`require`]) when the tool is missing.
+pub fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) -> bool {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let child = Command::new(tool)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            return require(false, &format!("`{tool}` is not installed ({e})"));
+        }
+    };
+    if let Some(text) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "`{tool} {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
+}
+
+/// `IP_RECVERR` / `IPV6_RECVERR` on a socket: the kernel reports ICMP errors and, for UDP,
+/// qdisc drops (`ENOBUFS`) to the caller, as QUIC stacks ask it to.
+pub fn set_recverr(fd: std::os::fd::BorrowedFd<'_>, v6: bool) {
+    use std::os::fd::AsRawFd;
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_RECVERR)
+    };
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one c_int from a live local.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "RECVERR: {}", io::Error::last_os_error());
+}

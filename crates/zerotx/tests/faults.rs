@@ -1,0 +1,553 @@
+//! Faults the kernel produces on demand, in namespaces these tests create: netfilter drops, qdisc
+//! drops reported through `IP_RECVERR`, a page fault in the middle of a stream buffer, a zero-copy
+//! budget that runs out under a caller's own poll loop, a socket that sent zero-copy before it was
+//! handed over, error-queue messages that are not completions. Each scenario runs over every
+//! engine: whatever the engine, no buffer is lost, none comes back early, no stream gets a gap and
+//! nothing hangs.
+
+mod util;
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::time::Duration;
+
+use util::{fill, tcp_pair, Peer};
+use zerotx::{EngineKind, Error, Path, SendBuf, SendError, Sender, SenderConfig, Stats};
+
+const MIB: u64 = 1 << 20;
+
+/// What a run of datagrams through a lossy path came to.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Sends the kernel refused at once (buffer handed back with the error).
+    refused: u64,
+    /// Buffers released with an error (the io_uring engines learn of a drop asynchronously).
+    released_failed: u64,
+    /// Buffers released as sent.
+    released_ok: u64,
+    /// Of those, released as sent zero-copy.
+    zerocopy_released: u64,
+    stats: Stats,
+}
+
+/// Sends `n` datagrams of `size` bytes to `dest` through `kind`, reaping as it goes; asserts that
+/// every buffer comes back (refused or released), that the sender drains within 20 s (no
+/// buffer stuck behind a lost completion) and that the ledger refused no completion.
+fn datagrams(
+    kind: EngineKind,
+    dest: std::net::SocketAddr,
+    n: u64,
+    size: usize,
+    prep: impl Fn(BorrowedFd<'_>),
+) -> Outcome {
+    let any = if dest.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let sock = std::net::UdpSocket::bind(any).unwrap();
+    sock.connect(dest).unwrap();
+    prep(sock.as_fd());
+    let mut tx = Sender::new(sock, kind).unwrap();
+    let mut o = Outcome::default();
+    let mut out = Vec::new();
+    let mut accepted = 0u64;
+    for i in 0..n {
+        match tx.send(vec![i as u8; size]) {
+            Ok(()) => accepted += 1,
+            Err(SendError::Io { buf, error }) => {
+                assert_eq!(
+                    buf.len(),
+                    size,
+                    "{kind}: the refused buffer came back whole"
+                );
+                assert!(
+                    matches!(error.raw_os_error(), Some(libc::EPERM | libc::ENOBUFS)),
+                    "{kind}: unexpected error {error}"
+                );
+                o.refused += 1;
+            }
+            Err(e) => panic!("{kind}: {e}"),
+        }
+        tx.reap(&mut out).unwrap();
+    }
+    tx.flush(Duration::from_secs(20)).unwrap_or_else(|e| {
+        panic!(
+            "{kind} {dest}: buffers stuck after drops: {e}; {:?}",
+            tx.stats()
+        )
+    });
+    tx.reap(&mut out).unwrap();
+    o.stats = tx.stats();
+    assert_eq!(
+        out.len() as u64,
+        accepted,
+        "{kind}: every accepted buffer back"
+    );
+    for r in &out {
+        match &r.report.error {
+            Some(_) => o.released_failed += 1,
+            None => {
+                o.released_ok += 1;
+                assert_eq!(r.report.bytes, size);
+                o.zerocopy_released += u64::from(r.report.path == Path::ZeroCopy);
+            }
+        }
+    }
+    assert_eq!(
+        o.stats.bad_completions, 0,
+        "{kind} {dest}: the ledger refused completions: {o:?}"
+    );
+    assert_eq!(
+        o.stats.zerocopy_ids, o.stats.zerocopy_ids_completed,
+        "{kind} {dest}: every id taken completed exactly once: {o:?}"
+    );
+    let closed = tx.close(Duration::from_secs(1));
+    assert_eq!(closed.kept, 0);
+    o
+}
+
+/// Defect 1 (netfilter): on UDP the id is taken when the skb is built; a netfilter drop after
+/// that answers EPERM with the id taken and its completion queued. A ledger that assumed "failed
+/// call, no id" fell one behind and refused every later completion. The black hole has no
+/// receiver to check payloads (a receiver would be local delivery, which copies): the ledger's
+/// accounting (every id completed once, nothing refused, nothing stuck) is the check.
+#[test]
+fn udp_netfilter_drops_take_ids_and_lose_nothing() {
+    util::in_black_hole(65535, |bh| {
+        let rules = "table inet zerotx_drop {\n  chain out {\n    type filter hook output \
+                     priority 0; policy accept;\n    udp dport 9 numgen random mod 50 == 0 drop\n  \
+                     }\n}\n";
+        if !util::run_tool("nft", &["-f", "-"], Some(rules)) {
+            return;
+        }
+        for dest in [bh.v4, bh.v6] {
+            for &kind in util::engines() {
+                let o = datagrams(kind, dest, 1500, 16000, |_| {});
+                eprintln!("netfilter 2% drop, {kind} {dest}: {o:?}");
+                let drops = o.refused + o.released_failed;
+                assert!(drops > 0, "{kind}: no drop seen: {o:?}");
+                if kind.is_zerocopy() {
+                    assert_eq!(o.zerocopy_released, o.released_ok, "{kind}: {o:?}");
+                }
+                if kind == EngineKind::MsgZerocopy {
+                    // Every refused send took an id (the drop comes after the skb was built).
+                    assert_eq!(o.stats.zerocopy_ids, 1500, "{o:?}");
+                }
+            }
+        }
+    });
+}
+
+/// Defect 1 (qdisc): with `IP_RECVERR`/`IPV6_RECVERR` a qdisc drop answers ENOBUFS after the id
+/// was taken. It is a dropped datagram, not the zero-copy budget: retrying it zero-copy into a
+/// full queue would repeat the drop, and counting no id puts the ledger one behind.
+#[test]
+fn udp_qdisc_drops_with_recverr_are_drops_not_budget() {
+    util::in_black_hole(65535, |bh| {
+        // A device without carrier (the black hole's peer is down) swaps its qdisc for noop,
+        // which drops without an error: raise the peer so the queue is real. The peer drops what
+        // it receives (192.0.2.2 is nobody's), after copying it, so completions say COPIED.
+        if !util::run_tool("ip", &["link", "set", "zc1", "up"], None) {
+            return;
+        }
+        if !util::run_tool(
+            "tc",
+            &[
+                "qdisc",
+                "add",
+                "dev",
+                zerotx::testbed::DEVICE,
+                "root",
+                "tbf",
+                "rate",
+                "2gbit",
+                "burst",
+                "32kb",
+                "limit",
+                "64kb",
+            ],
+            None,
+        ) {
+            return;
+        }
+        for dest in [bh.v4, bh.v6] {
+            for &kind in util::engines() {
+                let o = datagrams(kind, dest, 1500, 16000, |fd| {
+                    util::set_recverr(fd, dest.is_ipv6())
+                });
+                eprintln!("tbf drops + RECVERR, {kind} {dest}: {o:?}");
+                assert!(o.refused + o.released_failed > 0, "{kind}: no drop: {o:?}");
+                assert!(o.released_ok > 0, "{kind}: nothing got through: {o:?}");
+                if kind == EngineKind::MsgZerocopy {
+                    assert_eq!(o.stats.fallbacks, 0, "a drop is not the budget: {o:?}");
+                }
+            }
+        }
+    });
+}
+
+/// A buffer whose last page cannot be read: the kernel copies or pins up to it and then answers
+/// EFAULT, on a connection that stays up. The library never reads the bytes itself (it hands
+/// pointers to the kernel), which is what makes this fault injectable.
+struct Guarded {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping belongs to this value alone; nothing writes it after construction.
+unsafe impl Send for Guarded {}
+
+// SAFETY: the mapping never moves or changes while the value lives (it is never unmapped: a test
+// may leak it to the kernel). The guard page is part of the slice on purpose; only the kernel
+// touches it, and answers EFAULT.
+unsafe impl SendBuf for Guarded {
+    fn as_bytes(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len is one live mapping (see above).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Guarded {
+    /// `data` bytes of the stream pattern from `offset`, followed by one unreadable page when
+    /// `guard` is set.
+    fn new(data: usize, offset: u64, guard: bool) -> Self {
+        let page = 4096;
+        let len = data + if guard { page } else { 0 };
+        // SAFETY: a fresh anonymous private mapping; arguments are plain integers.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        let ptr = ptr.cast::<u8>();
+        // SAFETY: the first `data` bytes are mapped read-write just above.
+        fill(unsafe { std::slice::from_raw_parts_mut(ptr, data) }, offset);
+        if guard {
+            // SAFETY: the last page of the mapping made above.
+            let rc = unsafe { libc::mprotect(ptr.add(data).cast(), page, libc::PROT_NONE) };
+            assert_eq!(rc, 0);
+        }
+        Self { ptr, len }
+    }
+}
+
+/// Defect 4: an error after part of a stream buffer went out must break the stream. Sending the
+/// next buffer after the missing bytes would hand the peer a byte stream with a gap, on a
+/// connection that is still up.
+#[test]
+fn a_stream_that_failed_part_way_sends_nothing_more() {
+    let data = 256 * 1024;
+    for &kind in util::engines() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::new(client, kind).unwrap();
+        tx.send(Guarded::new(data, 0, true)).unwrap();
+        let next = tx.send(Guarded::new(64 * 1024, data as u64, false));
+        let mut out = Vec::new();
+        tx.flush(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        tx.reap(&mut out).unwrap();
+        let later = tx.try_send(Guarded::new(4096, 0, false));
+        assert!(
+            matches!(later, Err(SendError::Io { .. })),
+            "{kind}: a broken stream took another buffer"
+        );
+        drop(tx.close(Duration::from_secs(1)));
+        let got = peer.join().unwrap();
+        let first = out
+            .iter()
+            .find(|r| r.buf.len == data + 4096)
+            .expect("the guarded buffer came back");
+        let err = first
+            .report
+            .error
+            .as_ref()
+            .expect("the failed buffer says so");
+        assert_eq!(err.raw_os_error(), Some(libc::EFAULT), "{kind}: {err}");
+        // The kernel stops copying a little before the guard page; whatever it took is the
+        // stream's prefix, and the next buffer (which continues the pattern at `data`) must not
+        // follow it: after a gap its bytes would mismatch, or the count would exceed the report.
+        assert!(
+            first.report.bytes > 0 && first.report.bytes <= data,
+            "{kind}: {:?}",
+            first.report
+        );
+        assert_eq!(
+            (got.bytes, got.mismatches),
+            (first.report.bytes as u64, 0),
+            "{kind}: the peer must see exactly the prefix the report names, and nothing after it"
+        );
+        match next {
+            Err(SendError::Io { error, .. }) => {
+                assert_eq!(error.raw_os_error(), Some(libc::EFAULT), "{kind}")
+            }
+            Ok(()) => {
+                let r = out
+                    .iter()
+                    .find(|r| r.buf.len == 64 * 1024)
+                    .expect("the next buffer came back");
+                assert_eq!(
+                    r.report.bytes, 0,
+                    "{kind}: queued behind the failure, never sent"
+                );
+                assert!(r.report.error.is_some(), "{kind}");
+            }
+            Err(e) => panic!("{kind}: {e}"),
+        }
+    }
+}
+
+/// Defect 7: a caller's own poll loop that reaps before it waits. When a send is handed back
+/// because the zero-copy budget is full and the reap then drains every completion, nothing is
+/// left to raise POLLERR: the readiness must then ask for what can still come (room), or the
+/// loop sleeps forever.
+#[test]
+fn a_poll_loop_that_reaps_before_waiting_never_sleeps_forever() {
+    if !util::require(util::is_root(), "needs root for a network namespace") {
+        return;
+    }
+    zerotx::testbed::in_new_netns(|| {
+        // Option memory for a couple of completions only: sends hit ENOBUFS with ids in flight.
+        zerotx::testbed::set_optmem_max(1024).unwrap();
+        for &kind in util::engines() {
+            let (client, peer) = tcp_pair(
+                false,
+                Peer {
+                    verify: true,
+                    ..Peer::default()
+                },
+            );
+            let mut tx = Sender::new(client, kind).unwrap();
+            let (total, block) = (32 * MIB, 64 * 1024usize);
+            let count = total / block as u64;
+            let (mut offset, mut released) = (0u64, 0u64);
+            let mut pending: Option<Vec<u8>> = None;
+            let mut out = Vec::new();
+            while released < count {
+                loop {
+                    let buf = match pending.take() {
+                        Some(b) => b,
+                        None if offset < total => {
+                            let mut b = vec![0u8; block];
+                            fill(&mut b, offset);
+                            b
+                        }
+                        None => break,
+                    };
+                    match tx.try_send(buf) {
+                        Ok(()) => offset += block as u64,
+                        Err(SendError::WouldBlock(b)) => {
+                            pending = Some(b);
+                            break;
+                        }
+                        Err(e) => panic!("{kind}: {e}"),
+                    }
+                }
+                if pending.is_some() {
+                    // The caller does other work before it reaps: every completion the handed-back
+                    // send waited for arrives meanwhile, and the reap below drains them all.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                released += tx.reap(&mut out).unwrap() as u64;
+                out.clear();
+                if released == count {
+                    break;
+                }
+                let r = tx.readiness();
+                let mut p = libc::pollfd {
+                    fd: r.fd,
+                    events: r.events,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd for the duration of the call.
+                let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+                assert!(
+                    n > 0,
+                    "{kind}: asleep 10 s with {} held (events {}), {:?}",
+                    tx.outstanding(),
+                    r.events,
+                    tx.stats()
+                );
+            }
+            let stats = tx.stats();
+            drop(tx.close(Duration::from_secs(5)));
+            let got = peer.join().unwrap();
+            assert_eq!((got.bytes, got.mismatches), (total, 0), "{kind}");
+            if kind == EngineKind::MsgZerocopy {
+                assert!(stats.enobufs > 0, "the budget never ran out: {stats:?}");
+            }
+        }
+    })
+    .unwrap();
+}
+
+/// Defect 11: a socket that already sent with `MSG_ZEROCOPY` has moved the kernel's id counter;
+/// a sender counting from 0 would release its buffers on those earlier sends' completions. It is
+/// refused unless the caller says where the counter stands, and then every id matches.
+#[test]
+fn a_socket_that_already_sent_zero_copy_is_refused_unless_told_its_next_id() {
+    let (client, peer) = tcp_pair(
+        false,
+        Peer {
+            verify: true,
+            pause: Duration::from_millis(1),
+            rcvbuf: Some(64 * 1024),
+            ..Peer::default()
+        },
+    );
+    let fd = client.as_raw_fd();
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one c_int from a live local.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ZEROCOPY,
+            (&one as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(rc, 0);
+    // Three zero-copy sends of the stream's first bytes, outside any sender: ids 0, 1, 2.
+    let first = 3 * 4096;
+    let mut head = vec![0u8; first];
+    fill(&mut head, 0);
+    for chunk in head.chunks(4096) {
+        // SAFETY: `chunk` outlives the wait for its completion below.
+        let n = unsafe { libc::send(fd, chunk.as_ptr().cast(), chunk.len(), libc::MSG_ZEROCOPY) };
+        assert_eq!(n, 4096);
+    }
+    let err = Sender::<Vec<u8>>::new(client.try_clone().unwrap(), EngineKind::MsgZerocopy)
+        .expect_err("a socket with SO_ZEROCOPY already set must be refused");
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("zerocopy_first_id"), "{err}");
+
+    // Wait for the three completions, so `head` may go; then hand the socket over, telling it.
+    let mut control = [0u8; 512];
+    let mut done = 0u64;
+    while done < 3 {
+        let mut p = libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert!(ready > 0, "no completion");
+        // SAFETY: msghdr is plain data; all-zeroes is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = control.len();
+        // SAFETY: msg points at `control`, alive for the call.
+        if unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE) } < 0 {
+            continue;
+        }
+        let mut msgs = Vec::new();
+        zerotx::cmsg::decode(&control[..msg.msg_controllen], &mut msgs).unwrap();
+        for m in msgs {
+            if let zerotx::cmsg::ErrQueueMsg::Zerocopy(r) = m {
+                done += r.count();
+            }
+        }
+    }
+    drop(head);
+    let cfg = SenderConfig {
+        zerocopy_first_id: Some(3),
+        ..SenderConfig::new(EngineKind::MsgZerocopy)
+    };
+    let mut tx = Sender::with_config(client, cfg).unwrap();
+    let mut offset = first as u64;
+    for _ in 0..64 {
+        let mut b = vec![0u8; 256 * 1024];
+        fill(&mut b, offset);
+        offset += b.len() as u64;
+        tx.send(b).unwrap();
+    }
+    let (released, stats) = util::finish(tx);
+    assert_eq!(released.len(), 64);
+    assert_eq!(
+        stats.zerocopy_ids, stats.zerocopy_ids_completed,
+        "{stats:?}"
+    );
+    let got = peer.join().unwrap();
+    assert_eq!((got.bytes, got.mismatches), (offset, 0));
+}
+
+/// Defect 11: messages on the error queue that are not completions (TX timestamps here, ICMP
+/// errors with `IP_RECVERR`) keep POLLERR up until read. A reap must read them even with no id in
+/// flight, or a caller's poll loop spins.
+#[test]
+fn error_queue_messages_that_are_not_completions_are_drained() {
+    const SO_TIMESTAMPING: libc::c_int = 37;
+    const TX_SOFTWARE_AND_REPORT: libc::c_int = (1 << 1) | (1 << 4);
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for &kind in util::engines() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.connect(sink.local_addr().unwrap()).unwrap();
+        // SAFETY: setsockopt reads one c_int from a live constant.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_TIMESTAMPING,
+                (&TX_SOFTWARE_AND_REPORT as *const libc::c_int).cast(),
+                4,
+            )
+        };
+        assert_eq!(rc, 0);
+        let mut tx = Sender::new(sock, kind).unwrap();
+        for _ in 0..4 {
+            tx.send(vec![1u8; 1000]).unwrap();
+        }
+        tx.flush(Duration::from_secs(5)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let mut out = Vec::new();
+        tx.reap(&mut out).unwrap();
+        let fd = tx.readiness().fd;
+        let mut p = libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        assert_eq!(
+            n,
+            0,
+            "{kind}: POLLERR still up after a reap (revents {:#x}): a poll loop would spin; {:?}",
+            p.revents,
+            tx.stats()
+        );
+        assert_eq!(out.len(), 4);
+        if !kind.name().starts_with("uring") {
+            assert!(tx.stats().skipped_messages >= 4, "{kind}: {:?}", tx.stats());
+        }
+    }
+}
+
+/// A vsock SEQPACKET send can answer EAGAIN after queueing part of the message, so a retry would
+/// send its start twice: refused with the reason, before anything else is checked.
+#[test]
+fn vsock_seqpacket_is_refused_with_the_reason() {
+    let sock = match socket2::Socket::new(socket2::Domain::VSOCK, socket2::Type::SEQPACKET, None) {
+        Ok(s) => s,
+        Err(e) => {
+            util::require(false, &format!("no AF_VSOCK here: {e}"));
+            return;
+        }
+    };
+    let err = Sender::<Vec<u8>>::new(sock, EngineKind::Copy).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("vsock-seqpacket"), "{err}");
+}
