@@ -68,6 +68,15 @@ fn udp_black_hole_completions_are_zerocopy() {
                     assert!(stats.completions > 0);
                     assert_eq!(stats.zerocopy, 200, "{stats:?}");
                 }
+                // Nobody reads a black hole's payload, so early release cannot show on the wire
+                // here, and no receiver can be added: delivering to a local socket (another
+                // namespace's veth peer included) copies the pages, so the send would no longer
+                // be zero-copy. The ledger's accounting is the check: every id taken completed
+                // exactly once and no completion was refused (`finish` checks the latter).
+                if kind == EngineKind::MsgZerocopy {
+                    assert_eq!(stats.zerocopy_ids, 200, "{stats:?}");
+                    assert_eq!(stats.zerocopy_ids_completed, 200, "{stats:?}");
+                }
             }
         }
     });
@@ -256,6 +265,46 @@ fn short_writes_hold_the_buffer_until_every_part_completed() {
     }
 }
 
+/// The test that catches early release on TCP: a reader slower than the sender keeps the socket
+/// buffer full, so a buffer sits in the kernel (pinned by zero-copy, or queued in an io_uring
+/// request) long after its send returned, and each buffer is scribbled over the instant it comes
+/// back. A release one completion early puts 0xEE bytes on the wire.
+#[test]
+fn slow_reader_integrity_with_immediate_overwrite() {
+    for (kind, registered) in engine_variants() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                pause: Duration::from_micros(500),
+                rcvbuf: Some(32 * 1024),
+                ..Peer::default()
+            },
+        );
+        socket2::SockRef::from(&client)
+            .set_send_buffer_size(64 * 1024)
+            .unwrap();
+        let mut tx = Sender::new(client, kind).unwrap();
+        pooled_stream(&mut tx, 24 * MIB, 64 * 1024, 8, registered);
+        let stats = tx.stats();
+        drop(tx.close(Duration::from_secs(5)));
+        let got = peer.join().unwrap();
+        assert_eq!(
+            (got.bytes, got.mismatches),
+            (24 * MIB, 0),
+            "{kind} registered={registered}: first bad byte at {:?}, {stats:?}",
+            got.first_mismatch
+        );
+        assert_eq!(stats.bad_completions, 0, "{kind}: {stats:?}");
+        if kind == EngineKind::MsgZerocopy {
+            assert_eq!(
+                stats.zerocopy_ids, stats.zerocopy_ids_completed,
+                "{stats:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn peer_reset_mid_transfer_fails_clearly_and_returns_every_buffer() {
     for &kind in util::engines() {
@@ -271,8 +320,10 @@ fn peer_reset_mid_transfer_fails_clearly_and_returns_every_buffer() {
         let mut failure = None;
         let mut out = Vec::new();
         for _ in 0..4000 {
+            let mut buf = vec![7u8; 256 * 1024];
+            buf[..8].copy_from_slice(&(created as u64).to_le_bytes());
             created += 1;
-            match tx.send(vec![7u8; 256 * 1024]) {
+            match tx.send(buf) {
                 Ok(()) => {}
                 Err(SendError::Io { buf, error }) => {
                     assert_eq!(buf.len(), 256 * 1024);
@@ -296,12 +347,32 @@ fn peer_reset_mid_transfer_fails_clearly_and_returns_every_buffer() {
             .unwrap_or_else(|e| panic!("{kind}: buffers stuck after reset: {e}"));
         tx.reap(&mut out).unwrap();
         back += out.len();
-        for r in &out {
-            assert!(r.report.bytes <= 256 * 1024);
+        // Once a buffer came back short or failed, the stream is over: every buffer after it
+        // carries no bytes, and the bytes reported sent cover at least what the peer read.
+        let seq = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().unwrap());
+        out.sort_by_key(|r| seq(&r.buf));
+        let reported: u64 = out.iter().map(|r| r.report.bytes as u64).sum();
+        let cut = out
+            .iter()
+            .position(|r| r.report.error.is_some() || r.report.bytes < 256 * 1024);
+        if let Some(i) = cut {
+            assert!(
+                out[i].report.error.is_some(),
+                "{kind}: a short release says why"
+            );
+            assert!(
+                out[i + 1..].iter().all(|r| r.report.bytes == 0),
+                "{kind}: bytes reported sent after the stream broke"
+            );
         }
         assert_eq!(back, created, "{kind}: every buffer handed back");
         assert_eq!(tx.outstanding(), 0);
-        peer.join().unwrap();
+        let got = peer.join().unwrap();
+        assert!(
+            reported >= got.bytes,
+            "{kind}: the peer read {} bytes but releases report {reported}",
+            got.bytes
+        );
     }
 }
 
@@ -624,7 +695,7 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
             })
             .collect();
         let mut out = Vec::new();
-        let mut sent = 0;
+        let (mut sent, mut checked) = (0, 0);
         while sent < 2000 {
             for tx in senders.iter_mut() {
                 let buf = loop {
@@ -633,7 +704,11 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
                         None => {
                             tx.wait_released(&mut out, Some(Duration::from_secs(10)))
                                 .unwrap();
-                            out.clear();
+                            for r in out.drain(..) {
+                                assert_eq!(r.report.path, Path::ZeroCopy, "{:?}", r.report);
+                                assert!(r.report.error.is_none());
+                                checked += 1;
+                            }
                         }
                     }
                 };
@@ -644,14 +719,18 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
             }
         }
         let mut requests = 0;
+        let mut zerocopy = 0;
         for tx in senders {
             let (released, stats) = finish(tx);
             assert!(
                 released.iter().all(|r| r.report.path == Path::ZeroCopy),
                 "{stats:?}"
             );
+            checked += released.len();
             requests += stats.syscalls;
+            zerocopy += stats.zerocopy;
         }
+        assert_eq!((checked, zerocopy), (2000, 2000), "every release checked");
         assert_eq!(pool.available(), 64, "every pooled buffer back");
         eprintln!(
             "shared ring, 4 UDP sockets: {} enters for {requests} requests",
