@@ -14,12 +14,15 @@
 //!
 //! Each check runs on its own thread under a deadline: a hang becomes a `VMTEST: FAIL ...
 //! (timed out ...)` line, not a QEMU timeout. One `VMTEST: pass|FAIL <check>: ...` line per check,
-//! then `VMTEST: ok` only if all passed (the script greps).
+//! then `VMTEST: ok` only if all passed (the script greps). Where vsock has zero-copy, raw
+//! measurements of its ids follow as `VMTEST: measure ...` lines (facts, not checks).
 //! Functional results only: figures from a TCG guest mean nothing.
 //!
-//! Not useful on a host: it expects to be PID 1's only job in a throwaway guest.
+//! Not useful on a host: it expects to be PID 1's only job in a throwaway guest (it changes
+//! `net.core.optmem_max` while measuring).
 
 mod checks;
+mod measure;
 mod peer;
 
 use std::any::Any;
@@ -139,6 +142,13 @@ fn main() {
         run.check(&format!("integrity {v} vsock"), LONG, move || {
             checks::integrity(Transport::Vsock, v)
         });
+    }
+
+    if vsock_zc {
+        match within("measure", LONG, measure::vsock_ids).and_then(|r| r) {
+            Ok(lines) => lines.iter().for_each(|l| println!("VMTEST: measure {l}")),
+            Err(e) => println!("VMTEST: measure vsock ids: not measured: {e}"),
+        }
     }
 
     println!("VMTEST: {} passed, {} failed", run.passed, run.failed);
