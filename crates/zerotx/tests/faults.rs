@@ -329,57 +329,10 @@ fn a_poll_loop_that_reaps_before_waiting_never_sleeps_forever() {
                 },
             );
             let mut tx = Sender::new(client, kind).unwrap();
-            let (total, block) = (32 * MIB, 64 * 1024usize);
-            let count = total / block as u64;
-            let (mut offset, mut released) = (0u64, 0u64);
-            let mut pending: Option<Vec<u8>> = None;
-            let mut out = Vec::new();
-            while released < count {
-                loop {
-                    let buf = match pending.take() {
-                        Some(b) => b,
-                        None if offset < total => {
-                            let mut b = vec![0u8; block];
-                            fill(&mut b, offset);
-                            b
-                        }
-                        None => break,
-                    };
-                    match tx.try_send(buf) {
-                        Ok(()) => offset += block as u64,
-                        Err(SendError::WouldBlock(b)) => {
-                            pending = Some(b);
-                            break;
-                        }
-                        Err(e) => panic!("{kind}: {e}"),
-                    }
-                }
-                if pending.is_some() {
-                    // The caller does other work before it reaps: every completion the handed-back
-                    // send waited for arrives meanwhile, and the reap below drains them all.
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                released += tx.reap(&mut out).unwrap() as u64;
-                out.clear();
-                if released == count {
-                    break;
-                }
-                let r = tx.readiness();
-                let mut p = libc::pollfd {
-                    fd: r.fd,
-                    events: r.events,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd for the duration of the call.
-                let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-                assert!(
-                    n > 0,
-                    "{kind}: asleep 10 s with {} held (events {}), {:?}",
-                    tx.outstanding(),
-                    r.events,
-                    tx.stats()
-                );
-            }
+            let total = 32 * MIB;
+            // The caller does other work before it reaps a handed-back send: every completion
+            // the send waited for arrives meanwhile, and the reap drains them all.
+            util::poll_loop(&mut tx, total, 64 * 1024, Duration::from_millis(2));
             let stats = tx.stats();
             drop(tx.close(Duration::from_secs(5)));
             let got = peer.join().unwrap();

@@ -233,25 +233,58 @@ fn integrity_1gib_tcp_loopback_with_immediate_overwrite() {
     }
 }
 
+/// Sends `total` bytes from a pool of `count` buffers of `block` bytes through `kind` to a reader
+/// slower than the sender (small `SO_RCVBUF`, a pause between reads) with a small send buffer,
+/// overwriting each buffer the moment it comes back; asserts the peer got every byte intact.
+fn slow_stream(
+    kind: EngineKind,
+    registered: bool,
+    total: u64,
+    block: usize,
+    count: usize,
+    pause: Duration,
+    rcvbuf: usize,
+) -> zerotx::Stats {
+    let (client, peer) = tcp_pair(
+        false,
+        Peer {
+            verify: true,
+            pause,
+            rcvbuf: Some(rcvbuf),
+            ..Peer::default()
+        },
+    );
+    socket2::SockRef::from(&client)
+        .set_send_buffer_size(64 * 1024)
+        .unwrap();
+    let mut tx = Sender::new(client, kind).unwrap();
+    pooled_stream(&mut tx, total, block, count, registered);
+    let stats = tx.stats();
+    drop(tx.close(Duration::from_secs(5)));
+    let got = peer.join().unwrap();
+    assert_eq!(
+        (got.bytes, got.mismatches),
+        (total, 0),
+        "{kind} registered={registered}: first bad byte at {:?}, {stats:?}",
+        got.first_mismatch
+    );
+    assert_eq!(stats.bad_completions, 0, "{kind}: {stats:?}");
+    stats
+}
+
 #[test]
 fn short_writes_hold_the_buffer_until_every_part_completed() {
     // A slow reader keeps the socket buffer full: the shape that reorders io_uring streams.
     for (kind, registered) in engine_variants() {
-        let (client, peer) = tcp_pair(
-            false,
-            Peer {
-                verify: true,
-                pause: Duration::from_millis(1),
-                rcvbuf: Some(64 * 1024),
-                ..Peer::default()
-            },
+        let stats = slow_stream(
+            kind,
+            registered,
+            64 * MIB,
+            4 << 20,
+            3,
+            Duration::from_millis(1),
+            64 * 1024,
         );
-        socket2::SockRef::from(&client)
-            .set_send_buffer_size(64 * 1024)
-            .unwrap();
-        let mut tx = Sender::new(client, kind).unwrap();
-        pooled_stream(&mut tx, 64 * MIB, 4 << 20, 3, registered);
-        let stats = tx.stats();
         // io_uring sends with MSG_WAITALL: the kernel finishes short writes itself.
         if matches!(kind, EngineKind::Copy | EngineKind::MsgZerocopy) {
             assert!(
@@ -259,9 +292,6 @@ fn short_writes_hold_the_buffer_until_every_part_completed() {
                 "{kind}: expected short writes, stats {stats:?}"
             );
         }
-        drop(tx.close(Duration::from_secs(5)));
-        let got = peer.join().unwrap();
-        assert_eq!((got.bytes, got.mismatches), (64 * MIB, 0), "{kind}");
     }
 }
 
@@ -272,30 +302,15 @@ fn short_writes_hold_the_buffer_until_every_part_completed() {
 #[test]
 fn slow_reader_integrity_with_immediate_overwrite() {
     for (kind, registered) in engine_variants() {
-        let (client, peer) = tcp_pair(
-            false,
-            Peer {
-                verify: true,
-                pause: Duration::from_micros(500),
-                rcvbuf: Some(32 * 1024),
-                ..Peer::default()
-            },
+        let stats = slow_stream(
+            kind,
+            registered,
+            24 * MIB,
+            64 * 1024,
+            8,
+            Duration::from_micros(500),
+            32 * 1024,
         );
-        socket2::SockRef::from(&client)
-            .set_send_buffer_size(64 * 1024)
-            .unwrap();
-        let mut tx = Sender::new(client, kind).unwrap();
-        pooled_stream(&mut tx, 24 * MIB, 64 * 1024, 8, registered);
-        let stats = tx.stats();
-        drop(tx.close(Duration::from_secs(5)));
-        let got = peer.join().unwrap();
-        assert_eq!(
-            (got.bytes, got.mismatches),
-            (24 * MIB, 0),
-            "{kind} registered={registered}: first bad byte at {:?}, {stats:?}",
-            got.first_mismatch
-        );
-        assert_eq!(stats.bad_completions, 0, "{kind}: {stats:?}");
         if kind == EngineKind::MsgZerocopy {
             assert_eq!(
                 stats.zerocopy_ids, stats.zerocopy_ids_completed,
@@ -749,17 +764,6 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
     });
 }
 
-/// `poll(2)` on one fd, as a user's event loop would.
-fn poll_fd(fd: i32, events: i16, timeout_ms: i32) -> i32 {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, timeout_ms) }
-}
-
 #[test]
 fn an_external_poll_loop_drives_every_engine_with_the_non_blocking_calls() {
     for &kind in util::engines() {
@@ -774,51 +778,9 @@ fn an_external_poll_loop_drives_every_engine_with_the_non_blocking_calls() {
             },
         );
         let mut tx = Sender::new(client, kind).unwrap();
-        let (total, block) = (48 * MIB, 64 * 1024);
-        let count = total / block as u64;
-        let (mut offset, mut released, mut waits) = (0u64, 0u64, 0u32);
-        let mut pending: Option<Vec<u8>> = None;
-        let mut out = Vec::new();
-        while released < count {
-            // Send until the sender pushes back.
-            loop {
-                let buf = match pending.take() {
-                    Some(b) => b,
-                    None if offset < total => {
-                        let mut b = vec![0u8; block];
-                        fill(&mut b, offset);
-                        b
-                    }
-                    None => break,
-                };
-                match tx.try_send(buf) {
-                    Ok(()) => offset += block as u64,
-                    Err(SendError::WouldBlock(b)) => {
-                        pending = Some(b);
-                        break;
-                    }
-                    Err(e) => panic!("{kind}: {e}"),
-                }
-            }
-            released += tx.reap(&mut out).unwrap() as u64;
-            if released == count {
-                break;
-            }
-            // Wait for what the sender says it needs; a lost wake-up shows as a timeout.
-            let r = tx.readiness();
-            let n = poll_fd(r.fd, r.events, 10_000);
-            assert!(
-                n > 0,
-                "{kind}: no readiness within 10 s (events {})",
-                r.events
-            );
-            waits += 1;
-        }
+        let total = 48 * MIB;
+        let waits = util::poll_loop(&mut tx, total, 64 * 1024, Duration::ZERO);
         assert!(waits > 0, "{kind}: the loop never had to wait");
-        for r in &out {
-            assert!(r.report.error.is_none());
-            assert_eq!(r.report.bytes, block);
-        }
         drop(tx.close(Duration::from_secs(5)));
         let got = peer.join().unwrap();
         assert_eq!((got.bytes, got.mismatches), (total, 0), "{kind}");

@@ -355,3 +355,65 @@ pub fn set_recverr(fd: std::os::fd::BorrowedFd<'_>, v6: bool) {
     };
     assert_eq!(rc, 0, "RECVERR: {}", io::Error::last_os_error());
 }
+
+/// Drives `tx` the way a caller's own event loop does, with the non-blocking calls only:
+/// `try_send` until the sender hands a buffer back, `reap`, then `poll(2)` on what `readiness`
+/// names. Sends `total` bytes of the stream pattern in `block`-sized buffers. `think` is work
+/// the caller does between a handed-back send and its reap (so completions arrive meanwhile and
+/// the reap drains them). A lost wake-up fails after 10 s. Returns how many times it waited.
+pub fn poll_loop(tx: &mut Sender<Vec<u8>>, total: u64, block: usize, think: Duration) -> u32 {
+    let kind = tx.engine();
+    let count = total / block as u64;
+    let (mut offset, mut released, mut waits) = (0u64, 0u64, 0u32);
+    let mut pending: Option<Vec<u8>> = None;
+    let mut out = Vec::new();
+    while released < count {
+        loop {
+            let buf = match pending.take() {
+                Some(b) => b,
+                None if offset < total => {
+                    let mut b = vec![0u8; block];
+                    fill(&mut b, offset);
+                    b
+                }
+                None => break,
+            };
+            match tx.try_send(buf) {
+                Ok(()) => offset += block as u64,
+                Err(zerotx::SendError::WouldBlock(b)) => {
+                    pending = Some(b);
+                    break;
+                }
+                Err(e) => panic!("{kind}: {e}"),
+            }
+        }
+        if pending.is_some() && !think.is_zero() {
+            std::thread::sleep(think);
+        }
+        released += tx.reap(&mut out).unwrap() as u64;
+        for r in out.drain(..) {
+            assert!(r.report.error.is_none(), "{kind}: {:?}", r.report);
+            assert_eq!(r.report.bytes, block, "{kind}");
+        }
+        if released == count {
+            break;
+        }
+        let r = tx.readiness();
+        let mut p = libc::pollfd {
+            fd: r.fd,
+            events: r.events,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert!(
+            n > 0,
+            "{kind}: asleep 10 s with {} held (events {}), {:?}",
+            tx.outstanding(),
+            r.events,
+            tx.stats()
+        );
+        waits += 1;
+    }
+    waits
+}
