@@ -21,6 +21,8 @@ use crate::error::Error;
 use super::uring::UringConfig;
 
 const OWNER_SHIFT: u32 = 48;
+/// An owner id never given to a sender: requests of the test hooks.
+const NOBODY: u16 = u16::MAX;
 
 /// One completion: `(request index, res, flags)`.
 pub(crate) type Cqe = (usize, i32, u32);
@@ -126,7 +128,7 @@ impl RingCore {
             return Ok(());
         }
         self.enters += 1;
-        match crate::sys::retry(|| self.ring.submit()) {
+        match crate::sys::uring::submit(&self.ring) {
             Ok(_) => {
                 self.unsubmitted = 0;
                 Ok(())
@@ -254,5 +256,20 @@ impl UringShared {
     /// `io_uring_enter` calls made so far, by every sender on the ring.
     pub fn enters(&self) -> u64 {
         lock(&self.core).enters
+    }
+
+    /// Test hook: queues `n` `IORING_OP_NOP`s that belong to no sender, as if another sender had
+    /// filled the SQ, and submits them when `submit` (their completions can then fill the CQ).
+    #[doc(hidden)]
+    pub fn inject_nops(&self, n: u32, submit: bool) -> std::io::Result<()> {
+        let mut core = lock(&self.core);
+        for _ in 0..n {
+            // SAFETY: a NOP points at nothing.
+            unsafe { core.push(NOBODY, 0, io_uring::opcode::Nop::new().build())? };
+        }
+        if submit {
+            core.submit()?;
+        }
+        Ok(())
     }
 }

@@ -314,13 +314,14 @@ impl<B: SendBuf> UringEngine<B> {
             _ => None,
         };
         b.reqs += 1;
+        let bad = sysu::take_bad_sqe();
         let sqe: squeue::Entry = match fixed {
             Some(index) => {
                 let one = iov[0];
                 let mut op = opcode::SendZc::new(fd, one.iov_base as *const u8, one.iov_len as u32)
                     .buf_index(Some(index))
                     .flags(flags)
-                    .zc_flags(sysu::SEND_ZC_REPORT_USAGE);
+                    .zc_flags(sysu::SEND_ZC_REPORT_USAGE | bad);
                 if let Some(d) = &b.dest {
                     op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
                 }
@@ -328,9 +329,12 @@ impl<B: SendBuf> UringEngine<B> {
             }
             None if zc => opcode::SendMsgZc::new(fd, &*msg)
                 .flags(flags as u32)
-                .ioprio(sysu::SEND_ZC_REPORT_USAGE)
+                .ioprio(sysu::SEND_ZC_REPORT_USAGE | bad)
                 .build(),
-            None => opcode::SendMsg::new(fd, &*msg).flags(flags as u32).build(),
+            None => opcode::SendMsg::new(fd, &*msg)
+                .flags(flags as u32)
+                .ioprio(bad)
+                .build(),
         };
         // Moving the Vec and the Box into the request does not move what they point at.
         let req = self.reqs.insert(Req {

@@ -1,6 +1,7 @@
 //! io_uring calls, through the `io-uring` crate (whose submission `push` is `unsafe` because the
 //! kernel reads the buffers it names after the call returns).
 
+use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::OnceLock;
@@ -72,4 +73,70 @@ pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i
         }
     }
     Ok((first.unwrap_or(-libc::EIO), notif))
+}
+
+/// Faults the tests inject where the kernel cannot produce them on demand. They apply to io_uring
+/// calls made by the calling thread only, so tests running in parallel never see each other's.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// The next this-many SQEs an engine builds carry an invalid flag (bit 15 of `ioprio`): the
+    /// kernel fails their preparation with `EINVAL` inside `io_uring_enter` and stops submitting
+    /// there, as 6.1 does for `IORING_SEND_ZC_REPORT_USAGE`.
+    pub bad_sqes: u32,
+    /// The next this-many `io_uring_enter` calls fail with `enter_errno` without entering.
+    pub failed_enters: u32,
+    /// The error of an injected `io_uring_enter` failure (`EAGAIN` if 0).
+    pub enter_errno: i32,
+}
+
+thread_local! {
+    static FAULTS: Cell<Faults> = const {
+        Cell::new(Faults {
+            bad_sqes: 0,
+            failed_enters: 0,
+            enter_errno: 0,
+        })
+    };
+}
+
+/// Sets the calling thread's injected faults.
+#[doc(hidden)]
+pub fn inject(faults: Faults) {
+    FAULTS.set(faults);
+}
+
+/// An invalid `ioprio` bit, if a bad SQE is due on this thread.
+pub(crate) fn take_bad_sqe() -> u16 {
+    let mut f = FAULTS.get();
+    if f.bad_sqes == 0 {
+        return 0;
+    }
+    f.bad_sqes -= 1;
+    FAULTS.set(f);
+    1 << 15
+}
+
+fn take_failed_enter() -> Option<io::Error> {
+    let mut f = FAULTS.get();
+    if f.failed_enters == 0 {
+        return None;
+    }
+    f.failed_enters -= 1;
+    FAULTS.set(f);
+    let errno = if f.enter_errno == 0 {
+        libc::EAGAIN
+    } else {
+        f.enter_errno
+    };
+    Some(io::Error::from_raw_os_error(errno))
+}
+
+/// `io_uring_enter` for what the SQ holds (with `IORING_ENTER_GETEVENTS` when the kernel holds
+/// overflowed completions, which flushes them), retried on `EINTR`. Returns the SQEs consumed.
+pub(crate) fn submit(ring: &IoUring) -> io::Result<usize> {
+    if let Some(e) = take_failed_enter() {
+        return Err(e);
+    }
+    crate::sys::retry(|| ring.submit())
 }
