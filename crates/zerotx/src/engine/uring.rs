@@ -351,7 +351,11 @@ impl<B: SendBuf> UringEngine<B> {
         // destination address boxed in the batch, and at bytes of buffers owned by the batch.
         // Requests and batches are removed only after the request's last CQE, so all of it stays
         // valid and unchanged until the kernel is done; shutdown leaks what is in flight.
-        let pushed = unsafe { self.core().push(owner, req, sqe) };
+        let pushed = match unsafe { self.core().push(owner, req, sqe) } {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(io::Error::from_raw_os_error(libc::EBUSY)),
+            Err(e) => Err(e),
+        };
         if let Err(e) = pushed {
             // Never queued: undo, and give the batch back with the error if nothing else of it
             // is in flight, so no buffer waits for a completion that cannot come.

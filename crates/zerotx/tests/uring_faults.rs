@@ -1,0 +1,193 @@
+//! Real-kernel tests of the io_uring engines where things go wrong: a sender closed on a shared
+//! ring, a submission the kernel stops part way, a thread that exits with a request parked, a
+//! failing `io_uring_enter`, a full completion queue, message sockets. A fault is injected
+//! (`zerotx::testbed::uring_faults`) only where the kernel cannot produce it on demand; each such
+//! test says why.
+
+mod util;
+
+use std::io::{self, Read};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use socket2::SockRef;
+use util::{fill, pattern, Received};
+use zerotx::testbed::uring_faults::{inject, Faults};
+use zerotx::{EngineKind, Error, Sender, SenderConfig, UringConfig, UringShared};
+
+const KIB: usize = 1024;
+const MIB: usize = 1024 * 1024;
+
+fn ring(entries: u32, batch: usize) -> UringShared {
+    UringShared::new(UringConfig {
+        entries,
+        batch,
+        queue_limit: 64,
+    })
+    .unwrap()
+}
+
+fn shared(kind: EngineKind, ring: &UringShared) -> SenderConfig {
+    SenderConfig::shared(kind, ring)
+}
+
+/// A loopback TCP connection whose peer does not read, with small buffers, so a request of more
+/// than a few dozen KiB parks in the kernel after a partial send.
+fn stalled_pair() -> (TcpStream, TcpStream) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (p, _) = l.accept().unwrap();
+    SockRef::from(&c).set_send_buffer_size(16 * KIB).unwrap();
+    SockRef::from(&p).set_recv_buffer_size(16 * KIB).unwrap();
+    (c, p)
+}
+
+/// Reads `p` once `go` fires, checking every byte against the stream pattern; says on `got` when
+/// `expect` bytes have arrived; returns at EOF or error.
+fn read_later(
+    mut p: TcpStream,
+    go: mpsc::Receiver<()>,
+    expect: u64,
+    got: mpsc::Sender<()>,
+) -> JoinHandle<Received> {
+    std::thread::spawn(move || {
+        let _ = go.recv();
+        let mut r = Received::default();
+        let mut buf = vec![0u8; 256 * KIB];
+        loop {
+            match p.read(&mut buf) {
+                Ok(0) => return r,
+                Ok(n) => {
+                    for (i, &b) in buf[..n].iter().enumerate() {
+                        let o = r.bytes + i as u64;
+                        if b != pattern(o) {
+                            r.mismatches += 1;
+                            r.first_mismatch.get_or_insert(o);
+                        }
+                    }
+                    r.bytes += n as u64;
+                    if r.bytes >= expect {
+                        let _ = got.send(());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    r.error = Some(e.to_string());
+                    return r;
+                }
+            }
+        }
+    })
+}
+
+fn patterned(len: usize, offset: u64) -> Vec<u8> {
+    let mut b = vec![0u8; len];
+    fill(&mut b, offset);
+    b
+}
+
+/// Defect 3: `io_uring_enter` stops at the first SQE whose preparation fails; the SQEs after it
+/// stay in the SQ and must still be submitted. Injected: 6.18 has every flag zerotx sets, and the
+/// allocation failures that fail preparation cannot be caused on demand, so one SQE is given an
+/// invalid flag, which the real kernel then refuses.
+#[test]
+fn sqes_after_one_that_fails_preparation_are_still_submitted() {
+    let ring = ring(16, 4);
+    let (b_sock, _b_peer) = stalled_pair();
+    let mut b = Sender::with_config(b_sock, shared(EngineKind::Uring, &ring)).unwrap();
+    b.try_send(vec![0xBB; 4 * MIB]).unwrap();
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(rx.local_addr().unwrap()).unwrap();
+    let mut a = Sender::with_config(sock, shared(EngineKind::Uring, &ring)).unwrap();
+    inject(Faults {
+        bad_sqes: 1,
+        ..Faults::default()
+    });
+    // Four pushes make a batch: one io_uring_enter, which stops after the first (bad) SQE.
+    for i in 0..4u8 {
+        a.try_send(vec![i; 1000]).unwrap();
+    }
+    a.flush(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("the SQEs after the failed one never went: {e}"));
+    let mut out = Vec::new();
+    a.reap(&mut out).unwrap();
+    assert_eq!(out.len(), 4);
+    let failed: Vec<_> = out.iter().filter(|r| r.report.error.is_some()).collect();
+    assert_eq!(failed.len(), 1, "{out:?}");
+    assert_eq!(failed[0].buf[0], 0, "the bad SQE was the first");
+    assert_eq!(
+        failed[0].report.error.as_ref().unwrap().raw_os_error(),
+        Some(libc::EINVAL)
+    );
+    rx.set_nonblocking(true).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 2000];
+    while let Ok(n) = rx.recv(&mut buf) {
+        assert_eq!(n, 1000);
+        got.push(buf[0]);
+    }
+    assert_eq!(got, vec![1, 2, 3]);
+    drop(b);
+}
+
+/// Defect 11: owner ids of a shared ring are reused once a sender left and its requests are gone,
+/// so a long-lived ring serves any number of senders over time.
+#[test]
+fn a_shared_ring_serves_more_than_65535_senders_over_its_life() {
+    let ring = ring(16, 4);
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(rx.local_addr().unwrap()).unwrap();
+    for i in 0..70_000u32 {
+        let mut tx: Sender<Vec<u8>> =
+            Sender::with_config(sock.try_clone().unwrap(), shared(EngineKind::Uring, &ring))
+                .unwrap_or_else(|e| panic!("sender {i}: {e}"));
+        if i % 10_000 == 0 {
+            tx.send(vec![1u8; 100]).unwrap();
+            tx.flush(Duration::from_secs(5)).unwrap();
+        }
+    }
+}
+
+/// Defect 11: io_uring registers at most 1 GiB per buffer (`EFAULT` above); a larger pool gets an
+/// error that says so. The pool's memory is never touched.
+#[test]
+fn a_pool_over_1_gib_is_refused_with_the_limit_named() {
+    let pool = zerotx::BufPool::new(MIB, 1025).unwrap();
+    let ring = ring(16, 4);
+    let err = ring.register_pool(&pool).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(err.to_string().contains("1 GiB"), "{err}");
+}
+
+/// Defect 11: completions that overflowed the CQ wait in the kernel until an `io_uring_enter` with
+/// `GETEVENTS`; with nothing to submit, the sender must still enter to get them. The ring caps
+/// requests at its CQ size, so the overflow is made with another owner's NOPs (real CQEs).
+#[test]
+fn completions_that_overflowed_the_cq_are_flushed() {
+    let ring = ring(4, 4);
+    let (client, peer) = stalled_pair();
+    let total = 256 * KIB as u64;
+    let (go_tx, go) = mpsc::channel();
+    let (got_tx, got) = mpsc::channel();
+    let reader = read_later(peer, go, total, got_tx);
+    let mut tx = Sender::with_config(client, shared(EngineKind::Uring, &ring)).unwrap();
+    tx.send(patterned(total as usize, 0)).unwrap();
+    // Eight NOP completions fill the CQ (twice the SQ size).
+    ring.inject_nops(8, true).unwrap();
+    // The request completes once the peer read everything: its CQE overflows.
+    go_tx.send(()).unwrap();
+    got.recv_timeout(Duration::from_secs(10))
+        .expect("the stream arrived");
+    tx.flush(Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("the overflowed completion was never read: {e}"));
+    let mut out = Vec::new();
+    tx.reap(&mut out).unwrap();
+    assert!(out[0].report.error.is_none(), "{:?}", out[0].report);
+    drop(tx);
+    let r = reader.join().unwrap();
+    assert_eq!((r.bytes, r.mismatches), (total, 0));
+}
