@@ -259,8 +259,10 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// What to poll before calling [`reap`](Self::reap) or retrying a send. Call it right before
-    /// waiting: the io_uring engines batch submissions and enter the kernel here, so nothing
-    /// queued waits behind the sleeper.
+    /// **every** wait: the io_uring engines batch submissions and enter the kernel here, so
+    /// nothing queued waits behind the sleeper (a request pushed while others are in flight is
+    /// entered only with a full batch or here). If that entering fails, the readiness is ready at
+    /// once, and the next `reap` tries again and reports the error.
     pub fn readiness(&mut self) -> Readiness {
         let (sock, engine) = self.parts();
         engine.readiness(sock)

@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use socket2::SockRef;
-use util::{fill, pattern, Received};
+use util::{fill, pattern, tcp_pair, Peer, Received};
 use zerotx::testbed::uring_faults::{inject, Faults};
 use zerotx::{EngineKind, Error, Sender, SenderConfig, UringConfig, UringShared};
 
@@ -88,6 +88,17 @@ fn patterned(len: usize, offset: u64) -> Vec<u8> {
     b
 }
 
+/// `poll(2)` on one fd, as a user's event loop would.
+fn poll_fd(fd: i32, events: i16, timeout_ms: i32) -> i32 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) }
+}
+
 /// Defect 3: `io_uring_enter` stops at the first SQE whose preparation fails; the SQEs after it
 /// stay in the SQ and must still be submitted. Injected: 6.18 has every flag zerotx sets, and the
 /// allocation failures that fail preparation cannot be caused on demand, so one SQE is given an
@@ -131,6 +142,94 @@ fn sqes_after_one_that_fails_preparation_are_still_submitted() {
     }
     assert_eq!(got, vec![1, 2, 3]);
     drop(b);
+}
+
+/// Defect 7: `readiness()` enters the kernel; if that fails, the readiness must be ready at once
+/// (the caller's `reap` then reports or retries), not a wait on a ring with nothing in flight.
+/// Injected: `io_uring_enter` fails only on allocation failures (`EAGAIN`, `ENOMEM`) that cannot
+/// be caused on demand.
+#[test]
+fn readiness_after_a_failed_submit_is_ready_at_once() {
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: true,
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::new(client, kind).unwrap();
+        let fail_once = Faults {
+            failed_enters: 1,
+            ..Faults::default()
+        };
+        inject(fail_once);
+        tx.try_send(patterned(64 * KIB, 0)).unwrap();
+        inject(fail_once);
+        let r = tx.readiness();
+        let n = poll_fd(r.fd, r.events, 5000);
+        assert!(
+            n > 0,
+            "{kind}: readiness (fd {}, events {:#x}) after a failed submit did not fire in 5 s",
+            r.fd,
+            r.events
+        );
+        tx.flush(Duration::from_secs(5)).unwrap();
+        let mut out = Vec::new();
+        tx.reap(&mut out).unwrap();
+        assert!(out[0].report.error.is_none(), "{kind}: {:?}", out[0].report);
+        drop(tx);
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (64 * KIB as u64, 0), "{kind}");
+    }
+}
+
+/// Defect 8: an error while applying completions (a follow-up request that cannot be pushed:
+/// the SQ is full and `io_uring_enter` fails) must lose no completion and leave no request half
+/// retired. The short result is real (a request parked by a thread that exited completes with the
+/// bytes it sent, measured on 6.18) and so is the full SQ (another owner's NOPs); the failing
+/// `io_uring_enter` is injected, since the kernel fails it only on allocation failures.
+#[test]
+fn a_ring_failure_while_reaping_loses_nothing() {
+    let ring = ring(4, 8);
+    let (client, peer) = stalled_pair();
+    let total = MIB as u64;
+    let (go_tx, go) = mpsc::channel();
+    let (got_tx, got) = mpsc::channel();
+    let reader = read_later(peer, go, total, got_tx);
+    let tx: Sender<Vec<u8>> =
+        Sender::with_config(client, shared(EngineKind::Uring, &ring)).unwrap();
+    // A thread submits the request, which parks after a partial send, and exits.
+    let mut tx = std::thread::spawn(move || {
+        let mut tx = tx;
+        tx.send(patterned(MIB, 0)).unwrap();
+        tx
+    })
+    .join()
+    .unwrap();
+    // The peer reads: the parked request ends short, and its CQE waits in the CQ.
+    go_tx.send(()).unwrap();
+    let r = tx.readiness();
+    assert!(poll_fd(r.fd, libc::POLLIN, 10_000) > 0, "no completion");
+    // Another owner's SQEs fill the SQ, and the next io_uring_enter fails.
+    ring.inject_nops(4, false).unwrap();
+    inject(Faults {
+        failed_enters: 1,
+        ..Faults::default()
+    });
+    let first = tx.flush(Duration::from_secs(10));
+    eprintln!("first flush after the injected failure: {first:?}");
+    tx.flush(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("after a failure mid-reap: {e}"));
+    let mut out = Vec::new();
+    tx.reap(&mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert!(out[0].report.error.is_none(), "{:?}", out[0].report);
+    got.recv_timeout(Duration::from_secs(10))
+        .expect("the whole stream arrived");
+    drop(tx);
+    let r = reader.join().unwrap();
+    assert_eq!((r.bytes, r.mismatches), (total, 0));
 }
 
 /// Defect 11: owner ids of a shared ring are reused once a sender left and its requests are gone,

@@ -15,7 +15,7 @@
 //!   (`IORING_FEAT_NODROP`) until an `io_uring_enter` with `GETEVENTS`: every reap and submit
 //!   enters when the ring says `IORING_SQ_CQ_OVERFLOW`, even with nothing to submit.
 //! - **Never spin under the lock.** Pushing into a full SQ enters the kernel once; if the SQ is
-//!   still full the push says so and the caller decides.
+//!   still full the caller keeps the request and tries again at its next progress.
 #![allow(unsafe_code)]
 
 use std::collections::HashMap;
@@ -337,7 +337,14 @@ pub(crate) fn private_ring(cfg: UringConfig) -> Result<Arc<Mutex<RingCore>>, Err
 /// completions for it. Registered buffers belong to the ring: [`register_pool`] once, and every
 /// `uring-zc` sender on it sends that pool's buffers from registered memory.
 ///
+/// - **Waiting.** Requests are entered in batches: a request pushed while others are in flight
+///   waits in the SQ until the batch fills or someone calls [`Sender::readiness`], which enters
+///   for every sender on the ring. Call `readiness()` right before every wait (the blocking calls
+///   do); an event loop that registers the ring's fd once and waits without it can stall until an
+///   unrelated request completes.
+///
 /// [`register_pool`]: UringShared::register_pool
+/// [`Sender::readiness`]: crate::Sender::readiness
 #[derive(Clone)]
 pub struct UringShared {
     pub(crate) core: Arc<Mutex<RingCore>>,
