@@ -2,11 +2,13 @@
 //! (`IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` for buffers from
 //! a registered [`BufPool`]), both with many requests per `io_uring_enter`.
 //!
-//! - **Order.** io_uring issues requests independently: two in flight on one stream socket can
-//!   reorder the byte stream when the socket buffer fills (KERNEL.md measured a quarter of the
-//!   bytes out of order). So a stream socket has exactly one request in flight, carrying up to
-//!   `batch` queued buffers as an iovec with `MSG_WAITALL`; a short result is continued from its
-//!   offset by the next request. Datagram sockets have many requests in flight, one per buffer.
+//! - **Order.** io_uring issues requests independently: two in flight on one connection can
+//!   reorder it when the socket buffer fills (KERNEL.md measured a quarter of a TCP stream's bytes
+//!   out of order; SEQPACKET messages reorder the same way). So a stream or seqpacket socket has
+//!   exactly one request in flight. On a byte stream (TCP, AF_UNIX and vsock streams) it carries
+//!   up to `batch` queued buffers as an iovec with `MSG_WAITALL`, and a short result is continued
+//!   from its offset; on SEQPACKET and SCTP one request is one message, never merged. Datagram
+//!   sockets have many requests in flight, one per buffer.
 //! - **Completions.** The first CQE carries bytes or `-errno` and `IORING_CQE_F_MORE` when a
 //!   notification follows (read from the flag, also on errors); only the `IORING_CQE_F_NOTIF` CQE
 //!   releases a zero-copy request's buffers, and it may come before or after later requests'
@@ -136,9 +138,9 @@ pub(crate) struct UringEngine<B> {
     /// The socket's descriptor, which every SQE names.
     fd: RawFd,
     zc: bool,
-    /// One request in flight (stream sockets).
+    /// One request in flight (stream and seqpacket sockets).
     ordered: bool,
-    /// Several buffers per request, `MSG_WAITALL`, short results continued (stream sockets).
+    /// Several buffers per request, `MSG_WAITALL`, short results continued (byte streams).
     merge: bool,
     cfg: UringConfig,
     queue: VecDeque<(B, Option<SockAddr>)>,
@@ -200,11 +202,17 @@ impl<B: SendBuf> UringEngine<B> {
                     "this kernel lacks IORING_OP_SEND_ZC/SENDMSG_ZC (6.1); use msg-zc".into(),
                 ));
             }
-            let inet = matches!(sock.kind.family, Family::Inet4 | Family::Inet6);
-            if !inet || !matches!(sock.kind.ty, SockType::Stream | SockType::Dgram) {
+            // The kernel sends zero-copy on TCP and UDP only (other protocols clear
+            // SOCK_SUPPORT_ZC, and every send would fail with EOPNOTSUPP).
+            let k = sock.kind;
+            let inet = matches!(k.family, Family::Inet4 | Family::Inet6);
+            let tcp = k.ty == SockType::Stream && k.protocol == libc::IPPROTO_TCP;
+            let udp = k.ty == SockType::Dgram && k.protocol == libc::IPPROTO_UDP;
+            if !inet || !(tcp || udp) {
                 return Err(unsupported(format!(
-                    "zero-copy io_uring sends need a TCP or UDP socket, not {}; use uring",
-                    sock.kind
+                    "zero-copy io_uring sends need a TCP or UDP socket, not {} (protocol {}); use \
+                     uring",
+                    k, k.protocol
                 )));
             }
         }
@@ -221,8 +229,8 @@ impl<B: SendBuf> UringEngine<B> {
             owner,
             fd: sock.fd().as_raw_fd(),
             zc,
-            ordered: sock.kind.is_stream(),
-            merge: sock.kind.is_stream(),
+            ordered: sock.kind.is_ordered(),
+            merge: sock.kind.is_byte_stream(),
             cfg,
             queue: VecDeque::new(),
             batches: Slab::new(),
@@ -732,5 +740,32 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         let kept: Vec<B> = self.batches.drain().flat_map(|b| b.bufs).collect();
         self.held = 0;
         kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::socket::SockKind;
+
+    /// SCTP cannot be loaded on the test machine (no `sctp` module): check the classification the
+    /// engine orders and batches by. Every connection keeps one request in flight; only byte
+    /// streams put several buffers into one request (on SCTP that would merge messages).
+    #[test]
+    fn only_byte_streams_merge_and_every_connection_has_one_request() {
+        let kind = SockKind::from_raw;
+        let tcp = kind(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP);
+        let unix = kind(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+        let sctp = kind(libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_SCTP);
+        let sctp_many = kind(libc::AF_INET, libc::SOCK_SEQPACKET, libc::IPPROTO_SCTP);
+        let seqpacket = kind(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+        let udp = kind(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_UDP);
+        for k in [tcp, unix, sctp, sctp_many, seqpacket] {
+            assert!(k.is_ordered(), "{k:?}");
+        }
+        assert!(!udp.is_ordered());
+        assert!(tcp.is_byte_stream() && unix.is_byte_stream());
+        for k in [sctp, sctp_many, seqpacket, udp] {
+            assert!(!k.is_byte_stream(), "{k:?}");
+        }
     }
 }
