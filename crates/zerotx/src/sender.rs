@@ -86,6 +86,11 @@ pub struct Closed<B> {
 /// The socket must not have sent with `MSG_ZEROCOPY` before it was handed over: the sender counts
 /// completion ids from 0, as the kernel does for a fresh socket.
 ///
+/// A sender may move between threads. With the io_uring engines, a request that finds its
+/// socket full is retried by the kernel on the thread that submitted it; if that thread has
+/// exited, the kernel cancels it and the sender submits it again at its next progress (see
+/// [`UringShared`]), so no thread must outlive its requests.
+///
 /// ```no_run
 /// use std::net::TcpStream;
 /// use std::time::Duration;

@@ -6,7 +6,7 @@
 
 mod util;
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::mpsc;
@@ -98,6 +98,23 @@ fn poll_fd(fd: i32, events: i16, timeout_ms: i32) -> i32 {
     };
     // SAFETY: one valid pollfd for the duration of the call.
     unsafe { libc::poll(&mut p, 1, timeout_ms) }
+}
+
+/// Writes the pattern into `s` without blocking until the socket is full; returns the bytes
+/// written.
+fn fill_socket(s: &TcpStream) -> u64 {
+    s.set_nonblocking(true).unwrap();
+    let mut off = 0u64;
+    loop {
+        let chunk = patterned(16 * KIB, off);
+        match (&*s).write(&chunk) {
+            Ok(n) => off += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("prefill: {e}"),
+        }
+    }
+    s.set_nonblocking(false).unwrap();
+    off
 }
 
 /// Defect 3: `io_uring_enter` stops at the first SQE whose preparation fails; the SQEs after it
@@ -231,6 +248,47 @@ fn a_ring_failure_while_reaping_loses_nothing() {
     drop(tx);
     let r = reader.join().unwrap();
     assert_eq!((r.bytes, r.mismatches), (total, 0));
+}
+
+/// Defect 10: a request parked by a thread that then exits completes with `-ECANCELED` having
+/// sent nothing when the socket drains (measured on 6.18: no CQE at the exit, `-ECANCELED` at the
+/// wake-up, then the notification for `SEND_ZC`). The stream is healthy: the request is
+/// resubmitted, not failed.
+#[test]
+fn a_request_parked_by_a_thread_that_exited_is_resubmitted() {
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let (client, peer) = stalled_pair();
+        // The socket is full before the request is issued: it parks having sent nothing.
+        let pre = fill_socket(&client);
+        let len = 256 * KIB;
+        let total = pre + len as u64;
+        let (go_tx, go) = mpsc::channel();
+        let (got_tx, got) = mpsc::channel();
+        let reader = read_later(peer, go, total, got_tx);
+        let tx: Sender<Vec<u8>> = Sender::new(client, kind).unwrap();
+        let mut tx = std::thread::spawn(move || {
+            let mut tx = tx;
+            tx.send(patterned(len, pre)).unwrap();
+            tx
+        })
+        .join()
+        .unwrap();
+        go_tx.send(()).unwrap();
+        tx.flush(Duration::from_secs(10)).unwrap();
+        let mut out = Vec::new();
+        tx.reap(&mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert!(
+            out[0].report.error.is_none(),
+            "{kind}: a healthy stream failed after its submitting thread exited: {:?}",
+            out[0].report
+        );
+        got.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{kind}: the stream did not arrive whole"));
+        drop(tx);
+        let r = reader.join().unwrap();
+        assert_eq!((r.bytes, r.mismatches), (total, 0), "{kind}");
+    }
 }
 
 /// Defect 5: SOCK_SEQPACKET keeps message boundaries and order. With the peer's buffer full, two

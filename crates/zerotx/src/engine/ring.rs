@@ -342,6 +342,13 @@ pub(crate) fn private_ring(cfg: UringConfig) -> Result<Arc<Mutex<RingCore>>, Err
 ///   for every sender on the ring. Call `readiness()` right before every wait (the blocking calls
 ///   do); an event loop that registers the ring's fd once and waits without it can stall until an
 ///   unrelated request completes.
+/// - **Threads.** io_uring retries a request that found its socket full on the thread that
+///   submitted it: the thread whose call (`send`, `reap`, `flush`, `readiness`...) entered the
+///   kernel, on a shared ring possibly for another sender's request. If that thread has exited,
+///   the kernel cancels the request when the socket drains (measured on 6.18: `-ECANCELED` having
+///   sent nothing, or the bytes sent before the thread exited). zerotx submits the rest again from
+///   the next thread that makes progress, so no thread has to outlive its requests; each such exit
+///   costs a resubmission.
 ///
 /// [`register_pool`]: UringShared::register_pool
 /// [`Sender::readiness`]: crate::Sender::readiness
