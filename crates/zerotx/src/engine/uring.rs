@@ -15,9 +15,11 @@
 //!   CQEs. `IORING_SEND_ZC_REPORT_USAGE` makes it say whether the kernel copied. Every CQE reaped is applied: a request is retired before anything follows from it,
 //!   and whatever must be pushed next (a continuation, a copy, a resubmission) waits in `to_push`
 //!   until the SQ takes it, so a failing `io_uring_enter` loses nothing.
-//! - **The zero-copy budget** (`ENOBUFS` from option memory, `ENOMEM` when io_uring charges pinned
-//!   pages to `RLIMIT_MEMLOCK`): the request is retried zero-copy after another request finished,
-//!   or, with nothing else in flight, sent by copy (a fallback).
+//! - **The zero-copy budget** (`ENOBUFS`, or `ENOMEM` when io_uring charges pinned pages to
+//!   `RLIMIT_MEMLOCK`): a refused request waits for one of this sender's requests that holds
+//!   pinned pages to finish, if those pages could make room for it; otherwise it goes by copy at
+//!   once (a fallback). A request larger than the locked-memory limit is never tried zero-copy.
+//!   Nothing is retried on its own completion, so nothing spins.
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
 //!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
@@ -85,8 +87,14 @@ struct Req {
     batch: usize,
     /// Sent zero-copy (`SENDMSG_ZC`/`SEND_ZC`).
     zc: bool,
+    /// Zero-copy from user memory: io_uring charges its pages to `RLIMIT_MEMLOCK` (a registered
+    /// buffer's pages were charged once, at registration).
+    charged: bool,
     first_done: bool,
     notif_done: bool,
+    /// What io_uring charged for the pages this zero-copy request pinned, once its first CQE said
+    /// it sent; they come back with its notification.
+    pinned: usize,
     _iov: Vec<libc::iovec>,
     _msg: Box<libc::msghdr>,
 }
@@ -147,6 +155,8 @@ pub(crate) struct UringEngine<B> {
     ordered: bool,
     /// Several buffers per request, `MSG_WAITALL`, short results continued (byte streams).
     merge: bool,
+    /// What zero-copy requests may pin at most (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
+    pin_limit: Option<usize>,
     cfg: UringConfig,
     queue: VecDeque<(B, Option<SockAddr>)>,
     batches: Slab<Batch<B>>,
@@ -157,8 +167,10 @@ pub(crate) struct UringEngine<B> {
     busy: bool,
     /// Batches whose next request is due, in order, with the way it goes (zero-copy or not).
     to_push: VecDeque<(usize, bool)>,
-    /// Batches whose zero-copy request hit the budget, waiting for another request to finish.
+    /// Batches whose zero-copy request hit the budget, waiting for pinned pages to come back.
     deferred: Vec<usize>,
+    /// What this sender's requests pin now (sum of `Req::pinned`).
+    pinned: usize,
     /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
     owed: bool,
     broken: Option<i32>,
@@ -239,6 +251,7 @@ impl<B: SendBuf> UringEngine<B> {
             zc,
             ordered: sock.kind.is_ordered(),
             merge: sock.kind.is_byte_stream(),
+            pin_limit: if zc { sysu::pin_limit() } else { None },
             cfg,
             queue: VecDeque::new(),
             batches: Slab::new(),
@@ -247,6 +260,7 @@ impl<B: SendBuf> UringEngine<B> {
             busy: false,
             to_push: VecDeque::new(),
             deferred: Vec::new(),
+            pinned: 0,
             owed: false,
             broken: None,
             held: 0,
@@ -278,6 +292,13 @@ impl<B: SendBuf> UringEngine<B> {
         fixed_index(self.fixed_region(), self.merge, buf)
     }
 
+    /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
+    /// pages exceed `RLIMIT_MEMLOCK`, however long one waits.
+    fn may_pin(&self, bytes: usize) -> bool {
+        self.pin_limit
+            .map_or(true, |limit| sysu::pin_charge(bytes) <= limit)
+    }
+
     /// Forms requests from the queue while order and the in-flight cap allow.
     fn issue(&mut self) -> io::Result<()> {
         loop {
@@ -294,13 +315,20 @@ impl<B: SendBuf> UringEngine<B> {
             let fixed = self.registered_index(&first).is_some();
             let mut total = first.as_bytes().len();
             bufs.push(first);
-            // A byte-stream request carries several buffers as one iovec; a fixed-buffer request,
-            // a message and a datagram carry one.
+            // A byte-stream request carries several buffers as one iovec (as many as half the
+            // locked-memory limit lets two requests pin at once); a fixed-buffer request, a
+            // message and a datagram carry one.
             while self.merge && !fixed && bufs.len() < self.cfg.batch {
                 let next = match self.queue.front() {
                     Some((b, _)) if self.registered_index(b).is_none() => b.as_bytes().len(),
                     _ => break,
                 };
+                let fits = self.pin_limit.map_or(true, |l| {
+                    !self.zc || sysu::pin_charge(total + next) <= l / 2
+                });
+                if !fits {
+                    break;
+                }
                 total += next;
                 bufs.push(self.queue.pop_front().expect("front exists").0);
             }
@@ -358,7 +386,12 @@ impl<B: SendBuf> UringEngine<B> {
             [one] => fixed_index(region, self.merge, one),
             _ => None,
         };
+        // A request from user memory charges its pages to the locked-memory limit; one that could
+        // never fit goes by copy at once.
+        let charged = zc && fixed.is_none();
+        let zc = zc && (fixed.is_some() || self.may_pin(b.total - b.sent));
         let b = self.batches.get_mut(batch_idx).expect("live batch");
+        b.fallback |= self.zc && !zc;
         let mut skip = b.sent;
         let mut iov = Vec::with_capacity(b.bufs.len());
         for buf in &b.bufs {
@@ -411,8 +444,10 @@ impl<B: SendBuf> UringEngine<B> {
         let req = self.reqs.insert(Req {
             batch: batch_idx,
             zc,
+            charged: charged && zc,
             first_done: false,
             notif_done: false,
+            pinned: 0,
             _iov: iov,
             _msg: msg,
         });
@@ -487,22 +522,32 @@ impl<B: SendBuf> UringEngine<B> {
             if !cqueue::more(flags) {
                 req.notif_done = true;
             }
+            if req.charged && res > 0 {
+                req.pinned = sysu::pin_charge(res as usize);
+                self.pinned += req.pinned;
+            }
             first = Some(res);
         }
         let done = req.first_done && req.notif_done;
+        let mut unpinned = false;
         if done {
-            self.reqs.remove(req_idx);
+            let r = self.reqs.remove(req_idx).expect("live request");
             self.in_flight -= 1;
+            self.pinned -= r.pinned;
+            unpinned = r.pinned > 0;
             if let Some(b) = self.batches.get_mut(batch_idx) {
                 b.reqs -= 1;
-            }
-            // A request finished, so pages were unpinned: retry what the budget refused.
-            for d in std::mem::take(&mut self.deferred) {
-                self.to_push.push_back((d, true));
             }
         }
         if let Some(res) = first {
             self.on_result(batch_idx, res, zc);
+        }
+        if unpinned {
+            // Pinned pages came back: retry what the budget refused (never on a refused
+            // request's own completion, which pinned nothing).
+            for d in std::mem::take(&mut self.deferred) {
+                self.to_push.push_back((d, true));
+            }
         }
         self.settle(batch_idx);
     }
@@ -542,12 +587,12 @@ impl<B: SendBuf> UringEngine<B> {
             return;
         }
         let errno = -res;
-        // The zero-copy budget is full: ENOBUFS (option memory) or ENOMEM (io_uring charges the
-        // pinned pages to RLIMIT_MEMLOCK). Retry after another request finished, or copy.
+        // The zero-copy budget is full: ENOBUFS, or ENOMEM when io_uring charges pinned pages to
+        // RLIMIT_MEMLOCK. Wait for this sender's pinned pages if they would make room; else copy.
         if zc && matches!(errno, libc::ENOBUFS | libc::ENOMEM) {
             self.stats.enobufs += 1;
             b.waiting = true;
-            if self.in_flight > 1 {
+            if sysu::pin_charge(b.total - b.sent) <= self.pinned {
                 self.deferred.push(batch_idx);
             } else {
                 b.fallback = true;

@@ -45,6 +45,29 @@ fn ask() -> io::Result<UringProbe> {
     })
 }
 
+/// Bytes of pages zero-copy requests may pin at most: io_uring charges them to `RLIMIT_MEMLOCK`
+/// (soft limit) when the thread lacks `CAP_IPC_LOCK`, and refuses with `ENOMEM` past it. `None`:
+/// no limit (the capability, or an unlimited or unreadable limit).
+pub(crate) fn pin_limit() -> Option<usize> {
+    const CAP_IPC_LOCK: u32 = 14;
+    let caps = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let eff = caps
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+    if eff & (1 << CAP_IPC_LOCK) != 0 {
+        return None;
+    }
+    let (soft, _) = crate::sys::memlock_limit().ok()?;
+    soft.map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+}
+
+/// What io_uring charges for a zero-copy send of `bytes` from user memory: whole pages, plus two
+/// for the ends (`io_notif_account_mem`).
+pub(crate) fn pin_charge(bytes: usize) -> usize {
+    (bytes / 4096 + 2) * 4096
+}
+
 /// One `IORING_OP_SEND_ZC` of `buf` on the connected socket `fd` with `REPORT_USAGE`, waited for.
 /// Returns the first CQE's `res` and, when a notification followed, its `res`.
 pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
