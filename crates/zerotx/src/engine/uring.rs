@@ -12,7 +12,8 @@
 //! - **Completions.** The first CQE carries bytes or `-errno` and `IORING_CQE_F_MORE` when a
 //!   notification follows (read from the flag, also on errors); only the `IORING_CQE_F_NOTIF` CQE
 //!   releases a zero-copy request's buffers, and it may come before or after later requests'
-//!   CQEs. `IORING_SEND_ZC_REPORT_USAGE` makes it say whether the kernel copied. Every CQE reaped is applied: a request is retired before anything follows from it,
+//!   CQEs. `IORING_SEND_ZC_REPORT_USAGE`, where the kernel has it, makes it say whether the kernel
+//!   copied. Every CQE reaped is applied: a request is retired before anything follows from it,
 //!   and whatever must be pushed next (a continuation, a copy, a resubmission) waits in `to_push`
 //!   until the SQ takes it, so a failing `io_uring_enter` loses nothing.
 //! - **The zero-copy budget** (`ENOBUFS`, or `ENOMEM` when io_uring charges pinned pages to
@@ -151,6 +152,8 @@ pub(crate) struct UringEngine<B> {
     /// The socket's descriptor, which every SQE names.
     fd: RawFd,
     zc: bool,
+    /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
+    zc_flags: u16,
     /// One request in flight (stream and seqpacket sockets).
     ordered: bool,
     /// Several buffers per request, `MSG_WAITALL`, short results continued (byte streams).
@@ -244,11 +247,17 @@ impl<B: SendBuf> UringEngine<B> {
             let mut c = ring::lock(&core);
             (c.join()?, c.cfg)
         };
+        let report = zc && sysu::report_usage();
         Ok(Self {
             core,
             owner,
             fd: sock.fd().as_raw_fd(),
             zc,
+            zc_flags: if report {
+                sysu::SEND_ZC_REPORT_USAGE
+            } else {
+                0
+            },
             ordered: sock.kind.is_ordered(),
             merge: sock.kind.is_byte_stream(),
             pin_limit: if zc { sysu::pin_limit() } else { None },
@@ -425,7 +434,7 @@ impl<B: SendBuf> UringEngine<B> {
                 let mut op = opcode::SendZc::new(fd, one.iov_base as *const u8, len)
                     .buf_index(Some(index))
                     .flags(flags)
-                    .zc_flags(sysu::SEND_ZC_REPORT_USAGE | bad);
+                    .zc_flags(self.zc_flags | bad);
                 if let Some(d) = &b.dest {
                     op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
                 }
@@ -433,7 +442,7 @@ impl<B: SendBuf> UringEngine<B> {
             }
             None if zc => opcode::SendMsgZc::new(fd, &*msg)
                 .flags(flags as u32)
-                .ioprio(sysu::SEND_ZC_REPORT_USAGE | bad)
+                .ioprio(self.zc_flags | bad)
                 .build(),
             None => opcode::SendMsg::new(fd, &*msg)
                 .flags(flags as u32)

@@ -3,7 +3,7 @@
 
 use std::cell::Cell;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::OnceLock;
 
 use io_uring::{cqueue, opcode, types, IoUring, Probe};
@@ -42,6 +42,24 @@ fn ask() -> io::Result<UringProbe> {
     Ok(UringProbe {
         send_zc: p.is_supported(opcode::SendZc::CODE),
         sendmsg_zc: p.is_supported(opcode::SendMsgZc::CODE),
+    })
+}
+
+/// Whether `IORING_SEND_ZC_REPORT_USAGE` (6.2, backported to some 6.1) works here, asked once per
+/// process and cached: one real `SEND_ZC` of one byte with the flag on a UDP socket connected to
+/// itself on 127.0.0.1. `EINVAL` means absent. Any other failure counts as absent too: without the
+/// flag zerotx cannot tell a copied send from a zero-copy one, but with a flag the kernel lacks
+/// every request would fail its preparation.
+pub fn report_usage() -> bool {
+    static CACHE: OnceLock<bool> = OnceLock::new();
+    *CACHE.get_or_init(|| {
+        let check = || -> io::Result<bool> {
+            let sock = std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+            sock.connect(sock.local_addr()?)?;
+            let (res, _) = send_zc_once(sock.as_fd(), &[0x5a])?;
+            Ok(res >= 0)
+        };
+        check().unwrap_or(false)
     })
 }
 
@@ -162,4 +180,25 @@ pub(crate) fn submit(ring: &IoUring) -> io::Result<usize> {
         return Err(e);
     }
     crate::sys::retry(|| ring.submit())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The one-send check finds `IORING_SEND_ZC_REPORT_USAGE` on kernels that have it (6.2 on;
+    /// this machine runs 6.18), and never where `SEND_ZC` itself is missing.
+    #[test]
+    fn report_usage_is_found_where_the_kernel_has_it() {
+        let release = crate::sys::kernel_release().unwrap();
+        let mut v = release.split(|c: char| !c.is_ascii_digit());
+        let (major, minor): (u32, u32) = (
+            v.next().unwrap().parse().unwrap(),
+            v.next().unwrap().parse().unwrap(),
+        );
+        let send_zc = super::probe().is_ok_and(|p| p.send_zc);
+        if !send_zc {
+            assert!(!super::report_usage());
+        } else if (major, minor) >= (6, 2) {
+            assert!(super::report_usage(), "{release}");
+        }
+    }
 }
