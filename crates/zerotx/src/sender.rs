@@ -70,6 +70,13 @@ pub struct Closed<B> {
     /// Buffers the kernel still held at the deadline: leaked on purpose, never freed.
     pub kept: usize,
     /// The socket, for a caller that wants to go on using it (to read, shut down, or close it).
+    ///
+    /// On a stream or seqpacket socket whose sending was cut short, it comes back **shut down
+    /// for writing** (`shutdown(SHUT_WR)`): when buffers were kept (`kept > 0`: a request may
+    /// still be running, and would write after anything the caller sends), or when a buffer was
+    /// released part sent (the rest never went, so anything sent next would land after a gap).
+    /// Reading still works. A datagram socket is never shut down.
+    ///
     /// Do not make a new `msg-zc` sender over it: the kernel's zero-copy id counter has moved on,
     /// and a new sender counts from 0.
     pub fd: OwnedFd,
@@ -377,11 +384,21 @@ impl<B: SendBuf> Sender<B> {
 
     /// Flushes for up to `timeout`, then gives up the socket. Buffers the kernel still holds at
     /// the deadline are kept (leaked, counted in [`Closed::kept`] and [`leaked_buffers`]), never
-    /// handed back early.
+    /// handed back early. The io_uring engines cancel their requests still parked at the deadline
+    /// (`IORING_OP_ASYNC_CANCEL`); a stream cut short comes back shut down for writing (see
+    /// [`Closed::fd`]).
     pub fn close(mut self, timeout: Duration) -> Closed<B> {
         let _ = self.flush(timeout);
         let (released, kept) = self.give_up();
         let sock = self.sock.take().expect("socket present until close");
+        let cut_short = released
+            .iter()
+            .any(|r| r.report.error.is_some() && r.report.bytes > 0);
+        if sock.kind.is_ordered() && (kept > 0 || cut_short) {
+            // Nothing may follow a gap, or a request that may still write: end the stream. It
+            // fails only on a socket that is not connected any more, which is then ended anyway.
+            let _ = socket2::SockRef::from(&sock.fd()).shutdown(std::net::Shutdown::Write);
+        }
         Closed {
             released,
             kept,

@@ -117,6 +117,136 @@ fn fill_socket(s: &TcpStream) -> u64 {
     off
 }
 
+const FD_REUSE_CHILD: &str = "ZEROTX_FD_REUSE_CHILD";
+
+/// Defect 2: a sender on a shared ring closed while its request still sat in the SQ (another
+/// sender's parked request kept the batch from being entered) must not let that SQE reach the
+/// socket that later gets its descriptor number, whether closing could submit it or not (the
+/// failing `io_uring_enter` is injected: the kernel fails it only on allocation failures). Runs in
+/// its own process so no other test takes the freed number first.
+#[test]
+fn a_closed_sender_never_writes_to_the_socket_that_reuses_its_fd() {
+    util::run_child_test("fd_reuse_child", FD_REUSE_CHILD);
+}
+
+#[test]
+#[ignore = "runs in its own process, started by a_closed_sender_never_writes_to_the_socket_that_reuses_its_fd"]
+fn fd_reuse_child() {
+    if std::env::var(FD_REUSE_CHILD).is_err() {
+        return;
+    }
+    let ring = ring(16, 32);
+    // B's peer never reads: its request stays parked, so later pushes wait for a full batch.
+    let (b_sock, _b_peer) = stalled_pair();
+    let mut b = Sender::with_config(b_sock, shared(EngineKind::Uring, &ring)).unwrap();
+    b.try_send(vec![0xBB; 4 * MIB]).unwrap();
+    // D keeps using the ring afterwards; its reader is running before A closes.
+    let (d_sock, d_peer) = tcp_pair(
+        false,
+        Peer {
+            verify: true,
+            ..Peer::default()
+        },
+    );
+    let mut d = Sender::with_config(d_sock, shared(EngineKind::Uring, &ring)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut others = Vec::new();
+    let mut d_offset = 0u64;
+    for enter_fails in [false, true] {
+        // A's request waits in the SQ behind B.
+        let (a_sock, _a_peer) = stalled_pair();
+        let a_fd = a_sock.as_raw_fd();
+        let mut a = Sender::with_config(a_sock, shared(EngineKind::Uring, &ring)).unwrap();
+        a.try_send(vec![0xAA; 64 * KIB]).unwrap();
+        if enter_fails {
+            inject(Faults {
+                failed_enters: 4,
+                ..Faults::default()
+            });
+        }
+        let closed = a.close(Duration::ZERO);
+        inject(Faults::default());
+        if enter_fails {
+            // Its request could not be submitted: kept, and the stream shut down for writing.
+            assert_eq!(closed.kept, 1, "{closed:?}");
+        }
+        drop(closed.fd);
+        // New connections take the lowest free numbers, A's among them: keep making them (and
+        // keep them open) until one end has A's number.
+        let mut fresh = Vec::new();
+        while !fresh.iter().any(|s: &TcpStream| s.as_raw_fd() == a_fd) {
+            assert!(fresh.len() < 64, "A's number {a_fd} was never reused");
+            fresh.push(TcpStream::connect(listener.local_addr().unwrap()).unwrap());
+            fresh.push(listener.accept().unwrap().0);
+        }
+        // Other senders go on: D's sends enter the kernel.
+        for _ in 0..8 {
+            d.send(patterned(64 * KIB, d_offset)).unwrap();
+            d_offset += 64 * KIB as u64;
+        }
+        d.flush(Duration::from_secs(10)).unwrap();
+        // Nothing was ever written on the new connections (A's number, or any other).
+        let mut buf = vec![0u8; 256 * KIB];
+        for mut s in fresh {
+            s.set_nonblocking(true).unwrap();
+            let n = match s.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+                Err(e) => panic!("{e}"),
+            };
+            assert_eq!(
+                n, 0,
+                "enter fails {enter_fails}: a new connection received {n} bytes written by the \
+                 closed sender (first {:#x})",
+                buf[0]
+            );
+            others.push(s);
+        }
+    }
+    drop(d);
+    let got = d_peer.join().unwrap();
+    assert_eq!((got.bytes, got.mismatches), (d_offset, 0));
+    drop(b);
+    println!("fd_reuse_child: ok");
+}
+
+/// Defect 2: requests of senders closed while their peers stall are cancelled, so they give their
+/// ring slots back instead of holding them until the peer reads.
+#[test]
+fn closing_senders_with_parked_requests_gives_the_ring_its_room_back() {
+    let ring = ring(4, 4);
+    let mut stalled_peers = Vec::new();
+    for i in 0..12 {
+        let (sock, peer) = stalled_pair();
+        stalled_peers.push(peer);
+        let mut a = Sender::with_config(sock, shared(EngineKind::Uring, &ring)).unwrap();
+        a.try_send(vec![0xAA; MIB]).unwrap();
+        let closed = a.close(Duration::from_millis(20));
+        assert!(
+            closed.kept <= 1,
+            "closed sender {i} kept {} buffers",
+            closed.kept
+        );
+    }
+    // A sender with a reading peer still gets every buffer through.
+    let (sock, peer) = tcp_pair(
+        false,
+        Peer {
+            verify: true,
+            ..Peer::default()
+        },
+    );
+    let mut s = Sender::with_config(sock, shared(EngineKind::Uring, &ring)).unwrap();
+    for i in 0..16u64 {
+        s.send(patterned(64 * KIB, i * 64 * KIB as u64)).unwrap();
+    }
+    s.flush(Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("no room left on the ring: {e}; {ring:?}"));
+    drop(s);
+    let got = peer.join().unwrap();
+    assert_eq!((got.bytes, got.mismatches), (16 * 64 * KIB as u64, 0));
+}
+
 /// Defect 3: `io_uring_enter` stops at the first SQE whose preparation fails; the SQEs after it
 /// stay in the SQ and must still be submitted. Injected: 6.18 has every flag zerotx sets, and the
 /// allocation failures that fail preparation cannot be caused on demand, so one SQE is given an
@@ -426,4 +556,36 @@ fn completions_that_overflowed_the_cq_are_flushed() {
     drop(tx);
     let r = reader.join().unwrap();
     assert_eq!((r.bytes, r.mismatches), (total, 0));
+}
+
+/// Defect 11: `close` hands the descriptor back; when the stream was cut short (a request given up
+/// part way) it is shut down for writing first, so nothing the caller writes can land after a
+/// gap, and a request that still runs cannot append to it.
+#[test]
+fn a_stream_cut_short_at_close_is_shut_down_for_writing() {
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let (client, _stalled_peer) = stalled_pair();
+        let mut tx = Sender::new(client, kind).unwrap();
+        tx.try_send(vec![1u8; MIB]).unwrap();
+        let closed = tx.close(Duration::from_millis(100));
+        let cut = closed
+            .released
+            .iter()
+            .any(|r| r.report.error.is_some() && r.report.bytes > 0);
+        assert!(closed.kept > 0 || cut, "{kind}: {closed:?}");
+        // SAFETY: a valid fd and a one-byte buffer for the duration of the call.
+        let n = unsafe {
+            libc::send(
+                closed.fd.as_raw_fd(),
+                b"x".as_ptr().cast(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        let err = io::Error::last_os_error();
+        assert!(
+            n == -1 && err.raw_os_error() == Some(libc::EPIPE),
+            "{kind}: a write after close gave {n} ({err}), not EPIPE"
+        );
+    }
 }

@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use io_uring::{opcode, squeue, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 
 use crate::buf::BufPool;
 use crate::error::Error;
@@ -34,6 +34,8 @@ use super::uring::UringConfig;
 const OWNER_SHIFT: u32 = 48;
 /// An owner id never given to a sender: requests of the test hooks.
 const NOBODY: u16 = u16::MAX;
+/// The request index of an owner's `IORING_OP_ASYNC_CANCEL` (no request of the owner's slab).
+pub(crate) const CANCEL_REQ: usize = (1 << OWNER_SHIFT) - 1;
 /// io_uring registers at most this much memory per buffer (`IORING_REGISTER_BUFFERS` answers
 /// `EFAULT` above it).
 pub(crate) const MAX_REGISTERED: usize = 1 << 30;
@@ -189,6 +191,15 @@ impl RingCore {
         Ok(true)
     }
 
+    /// Queues an `IORING_OP_ASYNC_CANCEL` of every request of `owner` on the file `fd` names
+    /// (`IORING_ASYNC_CANCEL_FD | IORING_ASYNC_CANCEL_ALL`, 5.19): parked requests complete with
+    /// `-ECANCELED`. Only submitted requests can be cancelled: submit before it leaves the SQ.
+    pub(crate) fn push_cancel(&mut self, owner: u16, fd: RawFd) -> io::Result<bool> {
+        let sqe = opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(fd)).all()).build();
+        // SAFETY: a cancel by descriptor points at no memory.
+        unsafe { self.push(owner, CANCEL_REQ, sqe) }
+    }
+
     /// `io_uring_enter` for everything in the SQ, from every owner, and to flush completions the
     /// kernel holds after a CQ overflow. The kernel stops at an SQE that fails its preparation
     /// (posting its error CQE) and leaves the rest in the ring: enter again while that makes
@@ -210,6 +221,17 @@ impl RingCore {
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Submits until the SQ is empty; fails if something is left in it.
+    pub(crate) fn submit_all(&mut self) -> io::Result<()> {
+        self.submit()?;
+        match self.sq_len() {
+            0 => Ok(()),
+            n => Err(io::Error::other(format!(
+                "io_uring_enter left {n} SQEs in the submission queue"
+            ))),
         }
     }
 
@@ -349,6 +371,11 @@ pub(crate) fn private_ring(cfg: UringConfig) -> Result<Arc<Mutex<RingCore>>, Err
 ///   sent nothing, or the bytes sent before the thread exited). zerotx submits the rest again from
 ///   the next thread that makes progress, so no thread has to outlive its requests; each such exit
 ///   costs a resubmission.
+/// - **Closing.** A sender closed or dropped here submits whatever it left in the SQ and cancels
+///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back. Its SQEs
+///   name the socket through the sender's own duplicate of the descriptor, closed only once no
+///   unsubmitted SQE can name it (leaked if `io_uring_enter` failed), so the caller's descriptor
+///   number can be reused at once without a stale request reaching the new socket.
 ///
 /// [`register_pool`]: UringShared::register_pool
 /// [`Sender::readiness`]: crate::Sender::readiness

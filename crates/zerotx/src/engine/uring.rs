@@ -24,11 +24,15 @@
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
 //!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
+//! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
+//!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
+//!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
+//!   SQE names is never reused under it.
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -149,8 +153,10 @@ impl<T> Slab<T> {
 pub(crate) struct UringEngine<B> {
     core: Arc<Mutex<RingCore>>,
     owner: u16,
-    /// The socket's descriptor, which every SQE names.
-    fd: RawFd,
+    /// The socket, as this engine's own descriptor: every SQE names it. Closed only once no SQE
+    /// in the SQ can name it (`leak_fd` otherwise), so the caller may close or hand back theirs.
+    fd: Option<OwnedFd>,
+    leak_fd: bool,
     zc: bool,
     /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
     zc_flags: u16,
@@ -176,6 +182,8 @@ pub(crate) struct UringEngine<B> {
     pinned: usize,
     /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
     owed: bool,
+    /// Shutting down: results are recorded, nothing more is pushed.
+    closing: bool,
     broken: Option<i32>,
     held: usize,
     ready: Vec<Released<B>>,
@@ -239,6 +247,10 @@ impl<B: SendBuf> UringEngine<B> {
                 )));
             }
         }
+        let fd = sock.fd().try_clone_to_owned().map_err(|source| Error::Io {
+            context: "fcntl(F_DUPFD_CLOEXEC) of the socket for io_uring",
+            source,
+        })?;
         let core = match shared {
             Some(r) => r.core.clone(),
             None => ring::private_ring(cfg)?,
@@ -251,7 +263,8 @@ impl<B: SendBuf> UringEngine<B> {
         Ok(Self {
             core,
             owner,
-            fd: sock.fd().as_raw_fd(),
+            fd: Some(fd),
+            leak_fd: false,
             zc,
             zc_flags: if report {
                 sysu::SEND_ZC_REPORT_USAGE
@@ -271,6 +284,7 @@ impl<B: SendBuf> UringEngine<B> {
             deferred: Vec::new(),
             pinned: 0,
             owed: false,
+            closing: false,
             broken: None,
             held: 0,
             ready: Vec::new(),
@@ -281,6 +295,10 @@ impl<B: SendBuf> UringEngine<B> {
 
     fn core(&self) -> MutexGuard<'_, RingCore> {
         ring::lock(&self.core)
+    }
+
+    fn raw_fd(&self) -> i32 {
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// The registered region zero-copy requests may send from, if any.
@@ -389,7 +407,7 @@ impl<B: SendBuf> UringEngine<B> {
     /// Builds and pushes one request for the unsent part of `batch`. `Ok(false)`: the SQ is full.
     fn push_request(&mut self, batch_idx: usize, zc: bool) -> io::Result<bool> {
         let region = if zc { self.fixed_region() } else { None };
-        let fd = types::Fd(self.fd);
+        let fd = types::Fd(self.raw_fd());
         let b = self.batches.get(batch_idx).expect("live batch");
         let fixed = match b.bufs.as_slice() {
             [one] => fixed_index(region, self.merge, one),
@@ -511,6 +529,9 @@ impl<B: SendBuf> UringEngine<B> {
 
     /// One CQE: record it, retire the request if it is done, then decide what follows.
     fn on_cqe(&mut self, req_idx: usize, res: i32, flags: u32) {
+        if req_idx == ring::CANCEL_REQ {
+            return; // the cancel of a shutdown: its count of cancelled requests is not needed
+        }
         let Some(req) = self.reqs.get_mut(req_idx) else {
             self.stats.bad_completions += 1;
             return;
@@ -551,7 +572,7 @@ impl<B: SendBuf> UringEngine<B> {
         if let Some(res) = first {
             self.on_result(batch_idx, res, zc);
         }
-        if unpinned {
+        if unpinned && !self.closing {
             // Pinned pages came back: retry what the budget refused (never on a refused
             // request's own completion, which pinned nothing).
             for d in std::mem::take(&mut self.deferred) {
@@ -584,7 +605,7 @@ impl<B: SendBuf> UringEngine<B> {
                 }
                 return;
             }
-            if n == 0 {
+            if n == 0 || self.closing {
                 let errno = libc::EPIPE;
                 b.error = Some(errno);
                 self.break_stream(errno);
@@ -596,6 +617,10 @@ impl<B: SendBuf> UringEngine<B> {
             return;
         }
         let errno = -res;
+        if self.closing {
+            b.error = Some(errno);
+            return;
+        }
         // The zero-copy budget is full: ENOBUFS, or ENOMEM when io_uring charges pinned pages to
         // RLIMIT_MEMLOCK. Wait for this sender's pinned pages if they would make room; else copy.
         if zc && matches!(errno, libc::ENOBUFS | libc::ENOMEM) {
@@ -694,12 +719,40 @@ impl<B: SendBuf> UringEngine<B> {
         }
         self.core().register(pool)
     }
+
+    /// Leaves nothing of this sender's in the SQ and nothing of it parked: cancels its requests
+    /// (`IORING_OP_ASYNC_CANCEL` after them in the SQ, so they are submitted first) and submits
+    /// until the SQ is empty. If that fails, an SQE may still name the descriptor: it is leaked,
+    /// never closed. A cancel that finds no room is tried again once the SQ drained.
+    fn withdraw(&mut self) {
+        let (owner, fd) = (self.owner, self.raw_fd());
+        let mut cancel = self.in_flight > 0;
+        let mut core = self.core();
+        for _ in 0..2 {
+            if cancel && matches!(core.push_cancel(owner, fd), Ok(true)) {
+                cancel = false;
+            }
+            if core.submit_all().is_err() {
+                drop(core);
+                self.leak_fd = true;
+                return;
+            }
+            if !cancel {
+                return;
+            }
+        }
+    }
 }
 
 impl<B> Drop for UringEngine<B> {
     fn drop(&mut self) {
         let owner = self.owner;
         ring::lock(&self.core).leave(owner);
+        if self.leak_fd {
+            // An SQE that names this number may still be in the SQ: never let the number be
+            // reused.
+            std::mem::forget(self.fd.take());
+        }
     }
 }
 
@@ -789,6 +842,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
 
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {
         let errno = libc::EPIPE;
+        self.closing = true;
         self.break_stream(errno);
         // Batches waiting for a push or for the budget have nothing in the kernel unless an
         // earlier request of theirs is still out: give those back with the error.
@@ -805,13 +859,22 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             }
             self.settle(idx);
         }
+        self.withdraw();
+        // Cancelled requests complete at once (a zero-copy one's notification follows when the
+        // kernel let go of its pages): one more look gives back what it can.
+        self.reap();
         out.append(&mut self.ready);
-        // Requests in flight: the kernel may still read their buffers (and, before it issued
-        // them, their iovecs), so both are leaked, never freed.
+        // Requests still in flight: the kernel may still read their buffers and (before it issued
+        // them) their iovecs, msghdr and destination, so all of it is leaked, never freed.
         for req in self.reqs.drain() {
             std::mem::forget(req);
         }
-        let kept: Vec<B> = self.batches.drain().flat_map(|b| b.bufs).collect();
+        let mut kept = Vec::new();
+        for b in self.batches.drain() {
+            let Batch { bufs, dest, .. } = b;
+            std::mem::forget(dest);
+            kept.extend(bufs);
+        }
         self.held = 0;
         kept
     }
