@@ -372,7 +372,9 @@ pub(crate) fn private_ring(cfg: UringConfig) -> Result<Arc<Mutex<RingCore>>, Err
 ///   the next thread that makes progress, so no thread has to outlive its requests; each such exit
 ///   costs a resubmission.
 /// - **Closing.** A sender closed or dropped here submits whatever it left in the SQ and cancels
-///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back. Its SQEs
+///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back (a
+///   zero-copy request that already sent keeps its slot until its notification, when the kernel
+///   lets go of the pages: with a peer that never reads, until the connection ends). Its SQEs
 ///   name the socket through the sender's own duplicate of the descriptor, closed only once no
 ///   unsubmitted SQE can name it (leaked if `io_uring_enter` failed), so the caller's descriptor
 ///   number can be reused at once without a stale request reaching the new socket.
