@@ -77,6 +77,13 @@ pub struct Closed<B> {
     /// Buffers the kernel still held at the deadline: leaked on purpose, never freed.
     pub kept: usize,
     /// The socket, for a caller that wants to go on using it (to read, shut down, or close it).
+    ///
+    /// On a stream or seqpacket socket whose sending was cut short, it comes back **shut down
+    /// for writing** (`shutdown(SHUT_WR)`): when buffers were kept (`kept > 0`: a request may
+    /// still be running, and would write after anything the caller sends), or when a buffer was
+    /// released part sent (the rest never went, so anything sent next would land after a gap).
+    /// Reading still works. A datagram socket is never shut down.
+    ///
     /// Do not make a new `msg-zc` sender over it: the kernel's zero-copy id counter has moved on,
     /// and a new sender counts from 0.
     pub fd: OwnedFd,
@@ -93,6 +100,11 @@ pub struct Closed<B> {
 /// For `msg-zc` the sender counts completion ids from 0, as the kernel does for a fresh socket; a
 /// socket that already has `SO_ZEROCOPY` set is refused unless
 /// [`SenderConfig::zerocopy_first_id`] says where the kernel's counter stands.
+///
+/// A sender may move between threads. With the io_uring engines, a request that finds its
+/// socket full is retried by the kernel on the thread that submitted it; if that thread has
+/// exited, the kernel cancels it and the sender submits it again at its next progress (see
+/// [`UringShared`]), so no thread must outlive its requests.
 ///
 /// ```no_run
 /// use std::net::TcpStream;
@@ -267,8 +279,10 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// What to poll before calling [`reap`](Self::reap) or retrying a send. Call it right before
-    /// waiting: the io_uring engines batch submissions and enter the kernel here, so nothing
-    /// queued waits behind the sleeper.
+    /// **every** wait: the io_uring engines batch submissions and enter the kernel here, so
+    /// nothing queued waits behind the sleeper (a request pushed while others are in flight is
+    /// entered only with a full batch or here). If that entering fails, the readiness is ready at
+    /// once, and the next `reap` tries again and reports the error.
     pub fn readiness(&mut self) -> Readiness {
         let (sock, engine) = self.parts();
         engine.readiness(sock)
@@ -378,11 +392,21 @@ impl<B: SendBuf> Sender<B> {
 
     /// Flushes for up to `timeout`, then gives up the socket. Buffers the kernel still holds at
     /// the deadline are kept (leaked, counted in [`Closed::kept`] and [`leaked_buffers`]), never
-    /// handed back early.
+    /// handed back early. The io_uring engines cancel their requests still parked at the deadline
+    /// (`IORING_OP_ASYNC_CANCEL`); a stream cut short comes back shut down for writing (see
+    /// [`Closed::fd`]).
     pub fn close(mut self, timeout: Duration) -> Closed<B> {
         let _ = self.flush(timeout);
         let (released, kept) = self.give_up();
         let sock = self.sock.take().expect("socket present until close");
+        let cut_short = released
+            .iter()
+            .any(|r| r.report.error.is_some() && r.report.bytes > 0);
+        if sock.kind.is_ordered() && (kept > 0 || cut_short) {
+            // Nothing may follow a gap, or a request that may still write: end the stream. It
+            // fails only on a socket that is not connected any more, which is then ended anyway.
+            let _ = socket2::SockRef::from(&sock.fd()).shutdown(std::net::Shutdown::Write);
+        }
         Closed {
             released,
             kept,

@@ -82,6 +82,17 @@ impl SockKind {
     pub fn is_known(&self) -> bool {
         !matches!(self.family, Family::Other(_)) && !matches!(self.ty, SockType::Other(_))
     }
+
+    /// Connection-oriented (`SOCK_STREAM`, `SOCK_SEQPACKET`): what is sent must arrive in order.
+    pub(crate) fn is_ordered(&self) -> bool {
+        matches!(self.ty, SockType::Stream | SockType::Seqpacket)
+    }
+
+    /// A byte stream, where several buffers may go in one send: `SOCK_STREAM` except SCTP, whose
+    /// stream sockets keep message boundaries (one send is one message).
+    pub(crate) fn is_byte_stream(&self) -> bool {
+        self.ty == SockType::Stream && self.protocol != libc::IPPROTO_SCTP
+    }
 }
 
 impl fmt::Display for SockKind {

@@ -145,3 +145,10 @@ pub fn process_cpu_time() -> std::time::Duration {
 pub fn l2_cache_bytes() -> Option<usize> {
     sys::l2_cache_bytes()
 }
+
+/// Test hooks that inject io_uring faults the kernel cannot produce on demand (a failed
+/// `io_uring_enter`, an SQE whose preparation fails), for the calling thread only.
+#[doc(hidden)]
+pub mod uring_faults {
+    pub use crate::sys::uring::{inject, Faults};
+}

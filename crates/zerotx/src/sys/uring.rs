@@ -1,8 +1,9 @@
 //! io_uring calls, through the `io-uring` crate (whose submission `push` is `unsafe` because the
 //! kernel reads the buffers it names after the call returns).
 
+use std::cell::Cell;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::OnceLock;
 
 use io_uring::{cqueue, opcode, types, IoUring, Probe};
@@ -44,6 +45,47 @@ fn ask() -> io::Result<UringProbe> {
     })
 }
 
+/// Whether `IORING_SEND_ZC_REPORT_USAGE` (6.2, backported to some 6.1) works here, asked once per
+/// process and cached: one real `SEND_ZC` of one byte with the flag on a UDP socket connected to
+/// itself on 127.0.0.1. `EINVAL` means absent. Any other failure counts as absent too: without the
+/// flag zerotx cannot tell a copied send from a zero-copy one, but with a flag the kernel lacks
+/// every request would fail its preparation.
+pub fn report_usage() -> bool {
+    static CACHE: OnceLock<bool> = OnceLock::new();
+    *CACHE.get_or_init(|| {
+        let check = || -> io::Result<bool> {
+            let sock = std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+            sock.connect(sock.local_addr()?)?;
+            let (res, _) = send_zc_once(sock.as_fd(), &[0x5a])?;
+            Ok(res >= 0)
+        };
+        check().unwrap_or(false)
+    })
+}
+
+/// Bytes of pages zero-copy requests may pin at most: io_uring charges them to `RLIMIT_MEMLOCK`
+/// (soft limit) when the thread lacks `CAP_IPC_LOCK`, and refuses with `ENOMEM` past it. `None`:
+/// no limit (the capability, or an unlimited or unreadable limit).
+pub(crate) fn pin_limit() -> Option<usize> {
+    const CAP_IPC_LOCK: u32 = 14;
+    let caps = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let eff = caps
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())?;
+    if eff & (1 << CAP_IPC_LOCK) != 0 {
+        return None;
+    }
+    let (soft, _) = crate::sys::memlock_limit().ok()?;
+    soft.map(|b| usize::try_from(b).unwrap_or(usize::MAX))
+}
+
+/// What io_uring charges for a zero-copy send of `bytes` from user memory: whole pages, plus two
+/// for the ends (`io_notif_account_mem`).
+pub(crate) fn pin_charge(bytes: usize) -> usize {
+    (bytes / 4096 + 2) * 4096
+}
+
 /// One `IORING_OP_SEND_ZC` of `buf` on the connected socket `fd` with `REPORT_USAGE`, waited for.
 /// Returns the first CQE's `res` and, when a notification followed, its `res`.
 pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
@@ -72,4 +114,91 @@ pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i
         }
     }
     Ok((first.unwrap_or(-libc::EIO), notif))
+}
+
+/// Faults the tests inject where the kernel cannot produce them on demand. They apply to io_uring
+/// calls made by the calling thread only, so tests running in parallel never see each other's.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// The next this-many SQEs an engine builds carry an invalid flag (bit 15 of `ioprio`): the
+    /// kernel fails their preparation with `EINVAL` inside `io_uring_enter` and stops submitting
+    /// there, as 6.1 does for `IORING_SEND_ZC_REPORT_USAGE`.
+    pub bad_sqes: u32,
+    /// The next this-many `io_uring_enter` calls fail with `enter_errno` without entering.
+    pub failed_enters: u32,
+    /// The error of an injected `io_uring_enter` failure (`EAGAIN` if 0).
+    pub enter_errno: i32,
+}
+
+thread_local! {
+    static FAULTS: Cell<Faults> = const {
+        Cell::new(Faults {
+            bad_sqes: 0,
+            failed_enters: 0,
+            enter_errno: 0,
+        })
+    };
+}
+
+/// Sets the calling thread's injected faults.
+#[doc(hidden)]
+pub fn inject(faults: Faults) {
+    FAULTS.set(faults);
+}
+
+/// An invalid `ioprio` bit, if a bad SQE is due on this thread.
+pub(crate) fn take_bad_sqe() -> u16 {
+    let mut f = FAULTS.get();
+    if f.bad_sqes == 0 {
+        return 0;
+    }
+    f.bad_sqes -= 1;
+    FAULTS.set(f);
+    1 << 15
+}
+
+fn take_failed_enter() -> Option<io::Error> {
+    let mut f = FAULTS.get();
+    if f.failed_enters == 0 {
+        return None;
+    }
+    f.failed_enters -= 1;
+    FAULTS.set(f);
+    let errno = if f.enter_errno == 0 {
+        libc::EAGAIN
+    } else {
+        f.enter_errno
+    };
+    Some(io::Error::from_raw_os_error(errno))
+}
+
+/// `io_uring_enter` for what the SQ holds (with `IORING_ENTER_GETEVENTS` when the kernel holds
+/// overflowed completions, which flushes them), retried on `EINTR`. Returns the SQEs consumed.
+pub(crate) fn submit(ring: &IoUring) -> io::Result<usize> {
+    if let Some(e) = take_failed_enter() {
+        return Err(e);
+    }
+    crate::sys::retry(|| ring.submit())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The one-send check finds `IORING_SEND_ZC_REPORT_USAGE` on kernels that have it (6.2 on;
+    /// this machine runs 6.18), and never where `SEND_ZC` itself is missing.
+    #[test]
+    fn report_usage_is_found_where_the_kernel_has_it() {
+        let release = crate::sys::kernel_release().unwrap();
+        let mut v = release.split(|c: char| !c.is_ascii_digit());
+        let (major, minor): (u32, u32) = (
+            v.next().unwrap().parse().unwrap(),
+            v.next().unwrap().parse().unwrap(),
+        );
+        let send_zc = super::probe().is_ok_and(|p| p.send_zc);
+        if !send_zc {
+            assert!(!super::report_usage());
+        } else if (major, minor) >= (6, 2) {
+            assert!(super::report_usage(), "{release}");
+        }
+    }
 }
