@@ -25,7 +25,13 @@
 //! ## What zerotx gets right, and where it lives
 //! - Buffer lifetimes: [`buf`] documents the rule; no path frees a buffer the kernel may read.
 //! - Completion ids: u32, wrapping, coalesced into ranges that may cross 2^32, one buffer owning
-//!   several ids after a short write: the pure [`ledger`].
+//!   several ids after a short write: the pure [`ledger`]. Which calls take an id differs per
+//!   protocol (a UDP send that failed after its skb was built took one; a short vsock call took
+//!   one for bytes it copied); the `sendmsg` engine follows each rule and never releases on a
+//!   guess. A socket that already has `SO_ZEROCOPY` is refused unless
+//!   [`SenderConfig::zerocopy_first_id`] says where the kernel's counter stands.
+//! - Streams: a stream that failed after part of a buffer went out sends nothing more (a gap
+//!   would corrupt it); io_uring keeps one request in flight per stream or seqpacket socket.
 //! - Control messages: the pure, length-checked, fuzzed [`cmsg`] decoder (IPv4, IPv6, vsock and
 //!   packet levels); other error-queue messages are skipped, never fatal.
 //! - `ENOBUFS` (`net.core.optmem_max`, `RLIMIT_MEMLOCK`): read completions and retry; with nothing

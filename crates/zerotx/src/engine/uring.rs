@@ -16,11 +16,15 @@
 //!   copied. Every CQE reaped is applied: a request is retired before anything follows from it,
 //!   and whatever must be pushed next (a continuation, a copy, a resubmission) waits in `to_push`
 //!   until the SQ takes it, so a failing `io_uring_enter` loses nothing.
-//! - **The zero-copy budget** (`ENOBUFS`, or `ENOMEM` when io_uring charges pinned pages to
+//! - **The zero-copy budget** (`ENOMEM`, when io_uring charges pinned pages to
 //!   `RLIMIT_MEMLOCK`): a refused request waits for one of this sender's requests that holds
 //!   pinned pages to finish, if those pages could make room for it; otherwise it goes by copy at
 //!   once (a fallback). A request larger than the locked-memory limit is never tried zero-copy.
-//!   Nothing is retried on its own completion, so nothing spins.
+//!   Nothing is retried on its own completion, so nothing spins. `ENOBUFS` is never the budget
+//!   here: io_uring hands the stack its own notification (`msg_ubuf`), so the option-memory
+//!   allocation that answers `ENOBUFS` for `MSG_ZEROCOPY` never runs; an `ENOBUFS` is a datagram
+//!   a qdisc dropped (reported with `IP_RECVERR`), an error of that datagram, and resending it
+//!   into the same full queue would only repeat the drop.
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
 //!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
@@ -621,9 +625,10 @@ impl<B: SendBuf> UringEngine<B> {
             b.error = Some(errno);
             return;
         }
-        // The zero-copy budget is full: ENOBUFS, or ENOMEM when io_uring charges pinned pages to
-        // RLIMIT_MEMLOCK. Wait for this sender's pinned pages if they would make room; else copy.
-        if zc && matches!(errno, libc::ENOBUFS | libc::ENOMEM) {
+        // The zero-copy budget is full: ENOMEM, io_uring charges pinned pages to RLIMIT_MEMLOCK
+        // (not ENOBUFS: see the module docs). Wait for this sender's pinned pages if they would
+        // make room; else copy.
+        if zc && errno == libc::ENOMEM {
             self.stats.enobufs += 1;
             b.waiting = true;
             if sysu::pin_charge(b.total - b.sent) <= self.pinned {
