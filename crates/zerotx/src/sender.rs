@@ -84,8 +84,8 @@ pub struct Closed<B> {
     /// released part sent (the rest never went, so anything sent next would land after a gap).
     /// Reading still works. A datagram socket is never shut down.
     ///
-    /// Do not make a new `msg-zc` sender over it: the kernel's zero-copy id counter has moved on,
-    /// and a new sender counts from 0.
+    /// A new `msg-zc` sender over it is refused (it has `SO_ZEROCOPY` set and the kernel's id
+    /// counter has moved on) unless [`SenderConfig::zerocopy_first_id`] names the next id.
     pub fd: OwnedFd,
 }
 
@@ -125,6 +125,8 @@ pub struct Sender<B: SendBuf> {
     engine: Box<dyn Engine<B>>,
     kind: EngineKind,
     ready: Vec<Released<B>>,
+    /// The last send was handed back (`WouldBlock`): its caller will retry it when woken.
+    handed_back: bool,
 }
 
 impl<B: SendBuf> std::fmt::Debug for Sender<B> {
@@ -177,6 +179,7 @@ impl<B: SendBuf> Sender<B> {
             engine,
             kind,
             ready: Vec::new(),
+            handed_back: false,
         })
     }
 
@@ -265,7 +268,9 @@ impl<B: SendBuf> Sender<B> {
             });
         }
         let (sock, engine) = self.parts();
-        engine.try_send(sock, buf, dest)
+        let result = engine.try_send(sock, buf, dest);
+        self.handed_back = matches!(result, Err(SendError::WouldBlock(_)));
+        result
     }
 
     /// Without blocking: pushes queued bytes, reads completions, and appends every buffer the
@@ -284,8 +289,9 @@ impl<B: SendBuf> Sender<B> {
     /// entered only with a full batch or here). If that entering fails, the readiness is ready at
     /// once, and the next `reap` tries again and reports the error.
     pub fn readiness(&mut self) -> Readiness {
+        let retry = self.handed_back;
         let (sock, engine) = self.parts();
-        engine.readiness(sock)
+        engine.readiness(sock, retry)
     }
 
     /// Buffers accepted and not yet handed back by [`reap`](Self::reap).
@@ -305,8 +311,9 @@ impl<B: SendBuf> Sender<B> {
 
     /// Waits (`poll(2)`) for the sender's readiness, up to `timeout`, then makes progress into the
     /// sender's own list of released buffers.
-    fn wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        let r = self.readiness();
+    fn wait(&mut self, timeout: Option<Duration>, retry: bool) -> io::Result<()> {
+        let (sock, engine) = self.parts();
+        let r = engine.readiness(sock, retry);
         let timeout = match (timeout, self.engine.wait_slice()) {
             (Some(t), Some(s)) => Some(t.min(s)),
             (t, s) => t.or(s),
@@ -337,7 +344,7 @@ impl<B: SendBuf> Sender<B> {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(0);
             }
-            self.wait(left)?;
+            self.wait(left, false)?;
         }
     }
 
@@ -357,7 +364,7 @@ impl<B: SendBuf> Sender<B> {
             match self.submit(buf, dest.clone()) {
                 Err(SendError::WouldBlock(b)) => {
                     buf = b;
-                    if let Err(error) = self.wait(None) {
+                    if let Err(error) = self.wait(None, true) {
                         return Err(SendError::Io { buf, error });
                     }
                 }
@@ -386,7 +393,7 @@ impl<B: SendBuf> Sender<B> {
                     outstanding: self.engine.held(),
                 });
             }
-            self.wait(Some(left)).map_err(io)?;
+            self.wait(Some(left), false).map_err(io)?;
         }
     }
 

@@ -111,8 +111,10 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     fn held(&self) -> usize;
 
     /// What to wait for. Called right before a wait: an engine that batches submissions enters
-    /// the kernel here so nothing queued waits behind the sleeper.
-    fn readiness(&mut self, sock: &Socket) -> Readiness;
+    /// the kernel here so nothing queued waits behind the sleeper. `retry`: the waiter holds a
+    /// buffer [`try_send`](Engine::try_send) handed back and will send it again when woken (a
+    /// waiter for releases only passes `false`, and must not be woken by room alone).
+    fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness;
 
     /// Counters.
     fn stats(&self) -> Stats;

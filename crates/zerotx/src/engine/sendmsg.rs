@@ -18,13 +18,21 @@
 //! - **TCP** (and every other stream but vsock): a call that returns bytes took exactly one id; a
 //!   call that failed took none (`tcp_sendmsg_locked` hands it back on its error path).
 //! - **UDP** (datagrams): `__ip_append_data` takes the id when it builds the skb and hands it
-//!   back only on its own errors (`EAGAIN`, `EMSGSIZE`, `EFAULT`...); a later failure keeps it
-//!   (`udp_send_skb` -> `ip_send_skb`: a netfilter drop answers `EPERM`, a qdisc drop `ENOBUFS`
-//!   when `IP_RECVERR` is set), and the skb, freed before the call returns, has already posted
-//!   that id's completion. So after any other failure the engine records an unowned id, reads the
-//!   error queue at once, and takes the id back if no completion covered it. The answer also
-//!   tells the two `ENOBUFS` apart: no id taken is the budget (retry or fall back); an id taken is
-//!   a dropped datagram (an error for the caller, never retried into a drop that repeats).
+//!   back on its own errors (`EAGAIN`, `EFAULT`, ...); a later failure keeps it (`udp_send_skb`:
+//!   a `UDP_SEGMENT` size check answers `EMSGSIZE`; `ip_send_skb`: a netfilter drop answers
+//!   `EPERM`, a qdisc drop `ENOBUFS` when `IP_RECVERR` is set), and the skb, freed before the call
+//!   returns, has already posted that id's completion. So after any failure but `EAGAIN` the
+//!   engine records an unowned id, reads the error queue at once, and takes the id back if no
+//!   completion covered it. The answer also tells the two `ENOBUFS` apart: no id taken is the
+//!   budget (retry or fall back); an id taken is a dropped datagram (an error for the caller,
+//!   never retried into a drop that repeats).
+//!   That holds for a datagram that leaves as one packet. A fragmented one (larger than the
+//!   path's MTU) is different: fragments already queued keep the id's pages referenced after a
+//!   later fragment's drop failed the call, so its completion comes late and the id cannot be
+//!   learned at once. The kernel copies such datagrams anyway (`__ip_append_data` sends
+//!   zero-copy only what fits the MTU), so the engine sends them without `MSG_ZEROCOPY`: no id,
+//!   nothing lost. The route's MTU (`IP_MTU`/`IPV6_MTU`) is asked once per destination, and
+//!   again after an `EMSGSIZE`.
 //! - **vsock** (6.7+): one zero-copy call of at most [`VSOCK_ZC_MAX`] bytes is one packet and
 //!   takes one id, or fails whole with `ENOMEM` (the budget) and takes none. Larger calls are
 //!   split into packets and only the last one carries the id: when its completion cannot be
@@ -91,6 +99,10 @@ pub(crate) struct SendmsgEngine<B> {
     zerocopy: bool,
     rule: IdRule,
     stream: bool,
+    /// The socket has an error queue worth draining (see `has_error_queue`).
+    errqueue: bool,
+    /// Datagram zero-copy goes only to paths it fits unfragmented (see the module docs).
+    mtu: PathMtu,
     ledger: Ledger<Record<B>>,
     head: Option<SlotId>,
     /// Set once a stream failed after part of a buffer went out: nothing more may be sent.
@@ -118,6 +130,8 @@ impl<B: SendBuf> SendmsgEngine<B> {
             zerocopy,
             rule,
             stream: sock.kind.is_stream(),
+            errqueue: has_error_queue(sock, zerocopy),
+            mtu: PathMtu::new(sock),
             ledger: Ledger::new(first_id),
             head: None,
             broken: None,
@@ -134,11 +148,21 @@ impl<B: SendBuf> SendmsgEngine<B> {
     fn write(&mut self, sock: &Socket, slot: SlotId) -> io::Result<Wait> {
         loop {
             let rec = self.ledger.item(slot);
-            let rest = &rec.buf.as_bytes()[rec.sent..];
-            if rest.is_empty() {
+            let left = rec.buf.as_bytes().len() - rec.sent;
+            if left == 0 {
                 return Ok(Wait::Nothing);
             }
-            let zc = self.zerocopy && !rec.fallback;
+            let mut zc = self.zerocopy && !rec.fallback;
+            if zc && self.rule == IdRule::Datagram {
+                let dest = rec.dest.clone();
+                if !self.mtu.fits(sock, left, dest.as_ref()) {
+                    // Fragmented: the kernel would copy it anyway (see the module docs).
+                    zc = false;
+                    self.ledger.item_mut(slot).kernel_copied = true;
+                }
+            }
+            let rec = self.ledger.item(slot);
+            let rest = &rec.buf.as_bytes()[rec.sent..];
             let len = match self.rule {
                 IdRule::Vsock if zc => rest.len().min(VSOCK_ZC_MAX),
                 _ => rest.len(),
@@ -172,10 +196,13 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
                 Err(e) if zc => {
-                    // EMSGSIZE is refused before the id is taken; EAGAIN was handled above.
-                    let uncertain =
-                        self.rule == IdRule::Datagram && e.raw_os_error() != Some(libc::EMSGSIZE);
-                    let (took_id, reaped) = if uncertain {
+                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
+                        // The path's MTU may have shrunk: ask again before the next datagram.
+                        let dest = self.ledger.item(slot).dest.clone();
+                        self.mtu.forget(dest.as_ref());
+                    }
+                    // Every failure but EAGAIN (handled above) may come after the id was taken.
+                    let (took_id, reaped) = if self.rule == IdRule::Datagram {
                         self.learn_failed_datagram_id(sock)
                     } else {
                         (false, 0)
@@ -221,7 +248,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// the ledger refuses is counted in `bad_completions` and skipped, never an error of a send.
     fn reap_errqueue(&mut self, sock: &Socket) -> u64 {
         let mut ids = 0;
-        loop {
+        while self.errqueue {
             let read = match sys::recv_errqueue(sock.fd(), &mut self.control) {
                 Ok(Some(read)) => read,
                 Ok(None) => break,
@@ -233,6 +260,12 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     break;
                 }
             };
+            if read.control_len == 0 {
+                // Not an error-queue message (everything the kernel queues there carries one):
+                // stop rather than loop on whatever this socket returns instead.
+                self.stats.bad_completions += 1;
+                break;
+            }
             self.msgs.clear();
             if cmsg::decode(&self.control[..read.control_len], &mut self.msgs).is_err() {
                 self.stats.bad_completions += 1;
@@ -407,13 +440,16 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         self.ledger.held() + self.ready.len()
     }
 
-    fn readiness(&mut self, sock: &Socket) -> Readiness {
+    fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness {
         use std::os::fd::AsRawFd;
         // POLLOUT while a send waits for room, or for completions that have come since (or can
-        // no longer come); otherwise only completions (POLLERR, always reported) can help.
+        // no longer come), or when what a handed-back send waited for was resolved meanwhile (a
+        // head finished during the caller's reap): the retry may go as soon as there is room.
+        // Otherwise only completions (POLLERR, always reported) can help.
         let events = match self.waiting {
             Wait::Writable => libc::POLLOUT,
             Wait::Completions if self.ledger.ids_in_flight() == 0 => libc::POLLOUT,
+            Wait::Nothing if retry => libc::POLLOUT,
             Wait::Completions | Wait::Nothing => 0,
         };
         Readiness {
@@ -438,5 +474,83 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         }
         out.append(&mut self.ready);
         self.ledger.take_all().into_iter().map(|r| r.buf).collect()
+    }
+}
+
+/// Whether reading `MSG_ERRQUEUE` on `sock` reads its error queue. AF_UNIX has none (its
+/// `recvmsg` ignores the flag and reads the data queue), nor has vsock before 6.7; a socket that
+/// took `SO_ZEROCOPY` has one, and so do IP and packet sockets (ICMP errors, timestamps).
+fn has_error_queue(sock: &Socket, zerocopy: bool) -> bool {
+    zerocopy
+        || matches!(
+            sock.kind.family,
+            Family::Inet4 | Family::Inet6 | Family::Packet
+        )
+}
+
+/// Destinations whose MTU is remembered before the memory is cleared and asked again.
+const MTU_CACHE: usize = 1024;
+
+/// The MTU of the paths an IP datagram socket sends on, asked of the kernel once per destination.
+struct PathMtu {
+    ip: bool,
+    v6: bool,
+    /// Bytes of IP and UDP header in front of the payload.
+    header: usize,
+    connected: Option<u32>,
+    by_dest: std::collections::HashMap<SockAddr, u32>,
+}
+
+impl PathMtu {
+    fn new(sock: &Socket) -> Self {
+        let v6 = sock.kind.family == Family::Inet6;
+        Self {
+            ip: matches!(sock.kind.family, Family::Inet4 | Family::Inet6),
+            v6,
+            header: if v6 { 40 + 8 } else { 20 + 8 },
+            connected: None,
+            by_dest: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Whether a datagram of `len` payload bytes leaves as one packet on the way to `dest` (the
+    /// connected peer if `None`). Non-IP sockets do not fragment; an IP path whose MTU the kernel
+    /// would not tell goes by copy (the safe side).
+    fn fits(&mut self, sock: &Socket, len: usize, dest: Option<&SockAddr>) -> bool {
+        if !self.ip {
+            return true;
+        }
+        let mtu = match dest {
+            None => {
+                if self.connected.is_none() {
+                    self.connected = sys::socket_mtu(sock.fd(), self.v6).ok();
+                }
+                self.connected
+            }
+            Some(d) => match self.by_dest.get(d) {
+                Some(&m) => Some(m),
+                None => {
+                    let m = sys::route_mtu(d).ok();
+                    if let Some(m) = m {
+                        if self.by_dest.len() >= MTU_CACHE {
+                            self.by_dest.clear();
+                        }
+                        self.by_dest.insert(d.clone(), m);
+                    }
+                    m
+                }
+            },
+        };
+        mtu.is_some_and(|m| len + self.header <= m as usize)
+    }
+
+    /// Forgets what was learned about `dest` (after `EMSGSIZE`: the MTU may have shrunk).
+    fn forget(&mut self, dest: Option<&SockAddr>) {
+        match dest {
+            None => self.connected = None,
+            Some(d) => {
+                self.by_dest.remove(d);
+            }
+        }
     }
 }

@@ -804,7 +804,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         self.held
     }
 
-    fn readiness(&mut self, _sock: &Socket) -> Readiness {
+    fn readiness(&mut self, _sock: &Socket, _retry: bool) -> Readiness {
         // Whoever waits next must not leave requests unsubmitted: they could be waiting behind
         // another socket's request that never completes.
         let mut core = self.core();

@@ -7,7 +7,7 @@
 
 use std::io::{self, IoSlice};
 use std::mem::{self, MaybeUninit};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use socket2::SockAddr;
@@ -116,6 +116,25 @@ pub fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
 /// `setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)`.
 pub fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
+}
+
+/// `getsockopt(IP_MTU)` (`IPV6_MTU` with `v6`): the MTU of a connected socket's route.
+pub fn socket_mtu(fd: BorrowedFd<'_>, v6: bool) -> io::Result<u32> {
+    let mtu = if v6 {
+        getsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU)?
+    } else {
+        getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU)?
+    };
+    Ok(mtu.max(0) as u32)
+}
+
+/// The MTU of the route to `dest`: a throwaway UDP socket `connect`ed to it (no packet is sent),
+/// then `getsockopt(IP_MTU/IPV6_MTU)`.
+pub fn route_mtu(dest: &SockAddr) -> io::Result<u32> {
+    let v6 = dest.is_ipv6();
+    let fd = socket(i32::from(dest.domain()), libc::SOCK_DGRAM, 0)?;
+    syscall!(connect(fd.as_raw_fd(), dest.as_ptr(), dest.len()))?;
+    socket_mtu(fd.as_fd(), v6)
 }
 
 /// `getsockopt(SOL_SOCKET, SO_ZEROCOPY)`: whether the socket already opted in.
