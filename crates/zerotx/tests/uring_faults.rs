@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use socket2::SockRef;
-use util::{fill, pattern, tcp_pair, Peer, Received};
+use util::{fill, tcp_pair, Peer, Received};
 use zerotx::testbed::uring_faults::{inject, Faults};
 use zerotx::{EngineKind, Error, Sender, SenderConfig, UringConfig, UringShared};
 
@@ -61,14 +61,7 @@ fn read_later(
             match p.read(&mut buf) {
                 Ok(0) => return r,
                 Ok(n) => {
-                    for (i, &b) in buf[..n].iter().enumerate() {
-                        let o = r.bytes + i as u64;
-                        if b != pattern(o) {
-                            r.mismatches += 1;
-                            r.first_mismatch.get_or_insert(o);
-                        }
-                    }
-                    r.bytes += n as u64;
+                    r.take(&buf[..n], true);
                     if r.bytes >= expect {
                         let _ = got.send(());
                     }

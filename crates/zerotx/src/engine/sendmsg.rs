@@ -153,13 +153,11 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 return Ok(Wait::Nothing);
             }
             let mut zc = self.zerocopy && !rec.fallback;
-            if zc && self.rule == IdRule::Datagram {
-                let dest = rec.dest.clone();
-                if !self.mtu.fits(sock, left, dest.as_ref()) {
-                    // Fragmented: the kernel would copy it anyway (see the module docs).
-                    zc = false;
-                    self.ledger.item_mut(slot).kernel_copied = true;
-                }
+            if zc && self.rule == IdRule::Datagram && !self.mtu.fits(sock, left, rec.dest.as_ref())
+            {
+                // Fragmented: the kernel would copy it anyway (see the module docs).
+                zc = false;
+                self.ledger.item_mut(slot).kernel_copied = true;
             }
             let rec = self.ledger.item(slot);
             let rest = &rec.buf.as_bytes()[rec.sent..];
@@ -198,8 +196,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 Err(e) if zc => {
                     if e.raw_os_error() == Some(libc::EMSGSIZE) {
                         // The path's MTU may have shrunk: ask again before the next datagram.
-                        let dest = self.ledger.item(slot).dest.clone();
-                        self.mtu.forget(dest.as_ref());
+                        self.mtu.forget(self.ledger.item(slot).dest.as_ref());
                     }
                     // Every failure but EAGAIN (handled above) may come after the id was taken.
                     let (took_id, reaped) = if self.rule == IdRule::Datagram {

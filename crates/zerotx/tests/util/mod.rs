@@ -89,6 +89,22 @@ pub struct Received {
     pub error: Option<String>,
 }
 
+impl Received {
+    /// Counts `data`, the stream's next bytes, checking each against [`pattern`] if `verify`.
+    pub fn take(&mut self, data: &[u8], verify: bool) {
+        if verify {
+            for (i, &b) in data.iter().enumerate() {
+                let o = self.bytes + i as u64;
+                if b != pattern(o) {
+                    self.mismatches += 1;
+                    self.first_mismatch.get_or_insert(o);
+                }
+            }
+        }
+        self.bytes += data.len() as u64;
+    }
+}
+
 /// Options for a receiving peer.
 #[derive(Clone, Copy, Default)]
 pub struct Peer {
@@ -131,16 +147,7 @@ fn receive(mut s: TcpStream, peer: Peer) -> Received {
         match s.read(&mut buf) {
             Ok(0) => return r,
             Ok(n) => {
-                if peer.verify {
-                    for (i, &b) in buf[..n].iter().enumerate() {
-                        let o = r.bytes + i as u64;
-                        if b != pattern(o) {
-                            r.mismatches += 1;
-                            r.first_mismatch.get_or_insert(o);
-                        }
-                    }
-                }
-                r.bytes += n as u64;
+                r.take(&buf[..n], peer.verify);
                 if !peer.pause.is_zero() {
                     std::thread::sleep(peer.pause);
                 }
