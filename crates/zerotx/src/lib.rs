@@ -56,7 +56,6 @@ mod report;
 mod sender;
 mod socket;
 mod sys;
-pub mod testbed;
 
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
 pub use engine::{EngineKind, UringConfig, UringShared};
@@ -66,3 +65,14 @@ pub use report::{CopyReason, Path, Readiness, Released, Report, Stats};
 pub use sender::{leaked_buffers, Closed, Sender, SenderConfig, DROP_TIMEOUT};
 pub use socket::{Family, SockKind, SockType};
 pub use socket2::SockAddr;
+
+/// Hooks for zerotx's own tests, fuzzers and benchmarks: not part of the API, may change at any
+/// time.
+#[doc(hidden)]
+pub mod internals {
+    /// io_uring faults the kernel cannot produce on demand (a failed `io_uring_enter`, an SQE
+    /// whose preparation fails), injected for the calling thread only.
+    pub mod uring_faults {
+        pub use crate::sys::uring::{inject, Faults};
+    }
+}

@@ -12,7 +12,6 @@ use std::time::Duration;
 use crate::engine::EngineKind;
 use crate::sender::Sender;
 use crate::sys::{self, uring};
-use crate::testbed;
 
 /// Whether one socket kind takes `SO_ZEROCOPY`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,7 +215,9 @@ pub fn probe() -> ProbeReport {
         sockets,
         vsock_transport: sys::vsock_local_cid().is_ok(),
         io_uring,
-        optmem_max: testbed::optmem_max().ok(),
+        optmem_max: std::fs::read_to_string("/proc/sys/net/core/optmem_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
         memlock_soft,
         cap_ipc_lock: has_cap_ipc_lock(),
         loopback: LoopbackCheck {

@@ -176,7 +176,7 @@ fn qdisc_that_drops(rate: &str) -> bool {
                 "qdisc",
                 "add",
                 "dev",
-                zerotx::testbed::DEVICE,
+                zerotx_testbed::DEVICE,
                 "root",
                 "tbf",
                 "rate",
@@ -464,9 +464,9 @@ fn a_poll_loop_that_reaps_before_waiting_never_sleeps_forever() {
     if !util::require(util::is_root(), "needs root for a network namespace") {
         return;
     }
-    zerotx::testbed::in_new_netns(|| {
+    zerotx_testbed::in_new_netns(|| {
         // Option memory for a couple of completions only: sends hit ENOBUFS with ids in flight.
-        zerotx::testbed::set_optmem_max(1024).unwrap();
+        zerotx_testbed::set_optmem_max(1024).unwrap();
         for &kind in util::engines() {
             let (client, peer) = tcp_pair(
                 false,

@@ -397,7 +397,7 @@ fn option_memory_enobufs_waits_or_falls_back_and_loses_nothing() {
         // UDP into the black hole completes in order, and the kernel coalesces in-order
         // completions into the one queued message, so option memory only runs out when not even
         // one completion fits: then each buffer goes by copy.
-        zerotx::testbed::set_optmem_max(16).unwrap();
+        zerotx_testbed::set_optmem_max(16).unwrap();
         let mut tx = Sender::connect_udp(bh.v4, EngineKind::MsgZerocopy).unwrap();
         for _ in 0..500 {
             tx.send(vec![3u8; 16000]).unwrap();
@@ -410,7 +410,7 @@ fn option_memory_enobufs_waits_or_falls_back_and_loses_nothing() {
             .iter()
             .all(|r| r.report.path == Path::Copied(CopyReason::Fallback)));
         // TCP: completions only come as the peer's ACKs arrive.
-        zerotx::testbed::set_optmem_max(2048).unwrap();
+        zerotx_testbed::set_optmem_max(2048).unwrap();
         let (client, peer) = tcp_pair(
             false,
             Peer {

@@ -1,7 +1,7 @@
 //! Real-kernel tests of the io_uring engines where things go wrong: a sender closed on a shared
 //! ring, a submission the kernel stops part way, a thread that exits with a request parked, a
 //! failing `io_uring_enter`, a full completion queue, message sockets. A fault is injected
-//! (`zerotx::testbed::uring_faults`) only where the kernel cannot produce it on demand; each such
+//! (`zerotx::internals::uring_faults`) only where the kernel cannot produce it on demand; each such
 //! test says why.
 
 mod util;
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use socket2::SockRef;
 use util::{fill, tcp_pair, Peer, Received};
-use zerotx::testbed::uring_faults::{inject, Faults};
+use zerotx::internals::uring_faults::{inject, Faults};
 use zerotx::{EngineKind, Error, Sender, SenderConfig, UringConfig, UringShared};
 
 const KIB: usize = 1024;

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use socket2::{Domain, SockAddr, Socket, Type};
-use zerotx::testbed;
+use zerotx_testbed as testbed;
 
 use result::{Cell, Report, Run, Topology};
 use runner::{buffer_ring, run_once, BenchEngine, TcpSink};

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use zerotx::testbed;
 use zerotx::{BufPool, EngineKind, PoolBufMut, PooledBuf, Released, Sender, SenderConfig};
+use zerotx_testbed as testbed;
 
 use super::result::Run;
 

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockAddr, Socket, Type};
 use zerotx::cmsg::{self, ErrQueueMsg, ZcRange};
-use zerotx::{testbed, BufPool};
+use zerotx::BufPool;
+use zerotx_testbed as testbed;
 
 use crate::peer::{vsock_port, VMADDR_CID_LOCAL};
 

@@ -256,38 +256,6 @@ pub fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
     Ok((conv(lim.rlim_cur), conv(lim.rlim_max)))
 }
 
-/// `pthread_setaffinity`-style pinning of the calling thread to one CPU (`sched_setaffinity(0)`).
-pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    // SAFETY: cpu_set_t is a plain bitmask for which all-zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
-    // SAFETY: CPU_SET only writes inside the set it is given.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    syscall!(sched_setaffinity(
-        0,
-        mem::size_of::<libc::cpu_set_t>(),
-        &set
-    ))?;
-    Ok(())
-}
-
-/// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: CPU time the calling thread has used.
-pub fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // Cannot fail for this clock id on Linux; a zero reading would only make a figure look small.
-    let _ = syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts));
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
-
-/// `unshare(CLONE_NEWNET)` for the calling thread: it (and the processes it spawns) enter a new,
-/// empty network namespace. Needs `CAP_SYS_ADMIN`.
-pub fn unshare_netns() -> io::Result<()> {
-    syscall!(unshare(libc::CLONE_NEWNET))?;
-    Ok(())
-}
-
 /// `ioctl(/dev/vsock, IOCTL_VM_SOCKETS_GET_LOCAL_CID)`: this host's vsock CID, if a transport is
 /// loaded.
 pub fn vsock_local_cid() -> io::Result<u32> {
@@ -303,31 +271,6 @@ pub fn vsock_local_cid() -> io::Result<u32> {
         return Err(io::Error::new(io::ErrorKind::NotFound, "no vsock CID"));
     }
     Ok(cid)
-}
-
-/// `getrusage(RUSAGE_SELF)`: user + system CPU time of the whole process, including io_uring's
-/// worker threads (they belong to the process).
-pub fn process_cpu_time() -> Duration {
-    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
-    let mut ru: libc::rusage = unsafe { mem::zeroed() };
-    // Cannot fail for RUSAGE_SELF with a valid pointer.
-    let _ = syscall!(getrusage(libc::RUSAGE_SELF, &mut ru));
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-/// The size in bytes of CPU 0's L2 cache, from sysfs.
-pub fn l2_cache_bytes() -> Option<usize> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size").ok()?;
-    let s = s.trim();
-    let (num, mult) = match s.strip_suffix('K') {
-        Some(n) => (n, 1024),
-        None => match s.strip_suffix('M') {
-            Some(n) => (n, 1024 * 1024),
-            None => (s, 1),
-        },
-    };
-    num.parse::<usize>().ok().map(|n| n * mult)
 }
 
 #[cfg(test)]

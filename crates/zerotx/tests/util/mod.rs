@@ -39,7 +39,7 @@ pub fn is_root() -> bool {
 /// Runs `f` inside a fresh network namespace with the black hole built, or skips.
 pub fn in_black_hole<T: Send>(
     mtu: u32,
-    f: impl FnOnce(zerotx::testbed::BlackHole) -> T + Send,
+    f: impl FnOnce(zerotx_testbed::BlackHole) -> T + Send,
 ) -> Option<T> {
     if !require(
         is_root(),
@@ -47,8 +47,8 @@ pub fn in_black_hole<T: Send>(
     ) {
         return None;
     }
-    let res = zerotx::testbed::in_new_netns(|| {
-        let bh = zerotx::testbed::black_hole(mtu).expect("building the black hole");
+    let res = zerotx_testbed::in_new_netns(|| {
+        let bh = zerotx_testbed::black_hole(mtu).expect("building the black hole");
         f(bh)
     });
     match res {

@@ -9,12 +9,16 @@
 //! Namespaces are per thread: [`in_new_netns`] runs a closure on a thread that called
 //! `unshare(CLONE_NEWNET)`; sockets it makes and commands it spawns (`ip`) live in that namespace.
 //! Needs `CAP_SYS_ADMIN` (root) and `ip` from iproute2.
+//!
+//! A crate of its own because none of it is zero-copy sending: the library stays free of process
+//! management, and the tests, the benchmark and the examples share one copy of it.
+#![deny(missing_docs)]
 
 use std::io;
+use std::mem;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::process::Command;
-
-use crate::sys;
+use std::time::Duration;
 
 /// The black hole's addresses, valid inside the namespace that built it.
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +61,7 @@ where
 {
     std::thread::scope(|s| {
         s.spawn(|| {
-            sys::unshare_netns().map_err(|e| {
+            unshare_netns().map_err(|e| {
                 io::Error::new(
                     e.kind(),
                     format!("unshare(CLONE_NEWNET) failed: {e} (needs root / CAP_SYS_ADMIN)"),
@@ -124,31 +128,71 @@ pub fn set_optmem_max(bytes: u64) -> io::Result<()> {
     std::fs::write(OPTMEM, bytes.to_string())
 }
 
-/// Pins the calling thread to one CPU (`sched_setaffinity`), as the benchmark does to keep sender
-/// and sink apart.
+macro_rules! syscall {
+    ($fn:ident($($arg:expr),* $(,)?)) => {{
+        // SAFETY: a plain libc call whose pointer arguments point at live locals of the caller.
+        let res = unsafe { libc::$fn($($arg),*) };
+        if res == -1 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(res)
+        }
+    }};
+}
+
+/// `pthread_setaffinity`-style pinning of the calling thread to one CPU (`sched_setaffinity(0)`).
 pub fn pin_thread(cpu: usize) -> io::Result<()> {
-    sys::pin_to_cpu(cpu)
+    // SAFETY: cpu_set_t is a plain bitmask for which all-zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { mem::zeroed() };
+    // SAFETY: CPU_SET only writes inside the set it is given.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    syscall!(sched_setaffinity(
+        0,
+        mem::size_of::<libc::cpu_set_t>(),
+        &set
+    ))?;
+    Ok(())
 }
 
-/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`); hardware counters are not
-/// needed.
-pub fn thread_cpu_time() -> std::time::Duration {
-    sys::thread_cpu_time()
+/// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: CPU time the calling thread has used.
+pub fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // Cannot fail for this clock id on Linux; a zero reading would only make a figure look small.
+    let _ = syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts));
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// CPU time of the whole process (`getrusage(RUSAGE_SELF)`), io_uring workers included.
-pub fn process_cpu_time() -> std::time::Duration {
-    sys::process_cpu_time()
+/// `unshare(CLONE_NEWNET)` for the calling thread: it (and the processes it spawns) enter a new,
+/// empty network namespace. Needs `CAP_SYS_ADMIN`.
+fn unshare_netns() -> io::Result<()> {
+    syscall!(unshare(libc::CLONE_NEWNET))?;
+    Ok(())
 }
 
-/// CPU 0's L2 cache size, from sysfs, if the kernel tells.
+/// `getrusage(RUSAGE_SELF)`: user + system CPU time of the whole process, including io_uring's
+/// worker threads (they belong to the process).
+pub fn process_cpu_time() -> Duration {
+    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { mem::zeroed() };
+    // Cannot fail for RUSAGE_SELF with a valid pointer.
+    let _ = syscall!(getrusage(libc::RUSAGE_SELF, &mut ru));
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The size in bytes of CPU 0's L2 cache, from sysfs.
 pub fn l2_cache_bytes() -> Option<usize> {
-    sys::l2_cache_bytes()
-}
-
-/// Test hooks that inject io_uring faults the kernel cannot produce on demand (a failed
-/// `io_uring_enter`, an SQE whose preparation fails), for the calling thread only.
-#[doc(hidden)]
-pub mod uring_faults {
-    pub use crate::sys::uring::{inject, Faults};
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size").ok()?;
+    let s = s.trim();
+    let (num, mult) = match s.strip_suffix('K') {
+        Some(n) => (n, 1024),
+        None => match s.strip_suffix('M') {
+            Some(n) => (n, 1024 * 1024),
+            None => (s, 1),
+        },
+    };
+    num.parse::<usize>().ok().map(|n| n * mult)
 }
