@@ -13,7 +13,7 @@ use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use zerotx::{BufPool, EngineKind, Path, Sender};
+use zerotx::{BufPool, EngineKind, SendPath, Sender};
 
 const TOTAL: usize = 256 << 20;
 const BLOCK: usize = 256 << 10;
@@ -60,8 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             for r in done.drain(..) {
                 match r.report.path {
-                    Path::ZeroCopy => zerocopy += 1,
-                    Path::Copied(_) => copied += 1,
+                    SendPath::ZeroCopy => zerocopy += 1,
+                    SendPath::Copied(_) => copied += 1,
                 }
                 free.push(r.buf.into_mut()); // the kernel is done: reuse it
             }

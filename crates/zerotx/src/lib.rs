@@ -61,7 +61,7 @@ pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
 pub use engine::{EngineKind, UringConfig, UringShared};
 pub use error::{Error, SendError};
 pub use probe::probe;
-pub use report::{CopyReason, Path, Readiness, Released, Report, Stats};
+pub use report::{CopyReason, Readiness, Released, Report, SendPath, Stats};
 pub use sender::{leaked_buffers, Closed, Sender, SenderConfig, DROP_TIMEOUT};
 pub use socket::{Family, SockKind, SockType};
 pub use socket2::SockAddr;

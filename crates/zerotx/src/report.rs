@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// How a buffer's bytes left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Path {
+pub enum SendPath {
     /// The kernel sent straight from the buffer's pages.
     ZeroCopy,
     /// The bytes were copied; the reason says by whom.
@@ -15,6 +15,7 @@ pub enum Path {
 
 /// Why a buffer was copied. A statistic and an input to policy, never an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum CopyReason {
     /// The engine copies by design (`copy`, `uring`) or the socket kind has no zero-copy.
     Engine,
@@ -25,36 +26,24 @@ pub enum CopyReason {
     Fallback,
 }
 
-impl Path {
-    /// How a released buffer left: a copy engine copies; a zero-copy engine's buffer was copied
-    /// by zerotx after `ENOBUFS` (`fallback`), or by the kernel (its completion said so).
-    pub(crate) fn of_release(zerocopy_engine: bool, fallback: bool, kernel_copied: bool) -> Path {
-        if !zerocopy_engine {
-            Path::Copied(CopyReason::Engine)
-        } else if fallback {
-            Path::Copied(CopyReason::Fallback)
-        } else if kernel_copied {
-            Path::Copied(CopyReason::Kernel)
-        } else {
-            Path::ZeroCopy
-        }
-    }
-
+impl SendPath {
     /// Whether the kernel really skipped the copy.
     pub fn is_zerocopy(&self) -> bool {
-        matches!(self, Path::ZeroCopy)
+        matches!(self, SendPath::ZeroCopy)
     }
 }
 
 /// The report that comes back with a released buffer.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Report {
     /// Bytes of the buffer the kernel accepted (the full length unless `error` is set).
     pub bytes: usize,
     /// How they left.
-    pub path: Path,
-    /// From the send call that accepted the buffer to its release.
-    pub latency: Duration,
+    pub path: SendPath,
+    /// From the send call that accepted the buffer to its release, for one send in 64 (a clock
+    /// read per send would cost a few percent of a small send); `None` for the others.
+    pub latency: Option<Duration>,
     /// Set when the send stopped part way (a stream socket reset after a short write).
     pub error: Option<io::Error>,
 }
@@ -70,6 +59,7 @@ pub struct Released<B> {
 
 /// Counters for one sender.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Buffers accepted.
     pub sends: u64,
@@ -108,12 +98,12 @@ pub struct Stats {
 
 impl Stats {
     /// Counts one released buffer.
-    pub(crate) fn count_release(&mut self, path: Path, failed: bool) {
+    pub(crate) fn count_release(&mut self, path: SendPath, failed: bool) {
         match path {
-            Path::ZeroCopy => self.zerocopy += 1,
-            Path::Copied(CopyReason::Kernel) => self.kernel_copied += 1,
-            Path::Copied(CopyReason::Engine) => self.engine_copied += 1,
-            Path::Copied(CopyReason::Fallback) => self.fallbacks += 1,
+            SendPath::ZeroCopy => self.zerocopy += 1,
+            SendPath::Copied(CopyReason::Kernel) => self.kernel_copied += 1,
+            SendPath::Copied(CopyReason::Engine) => self.engine_copied += 1,
+            SendPath::Copied(CopyReason::Fallback) => self.fallbacks += 1,
         }
         if failed {
             self.errors += 1;

@@ -267,8 +267,8 @@ impl<B: SendBuf> Sender<B> {
                          (try_send_to/send_to) or connect it first",
             });
         }
-        let (sock, engine) = self.parts();
-        let result = engine.try_send(sock, buf, dest);
+        let sock = self.sock.as_ref().expect("socket present until close");
+        let result = self.engine.try_send(sock, buf, dest, &mut self.ready);
         self.handed_back = matches!(result, Err(SendError::WouldBlock(_)));
         result
     }
@@ -299,7 +299,8 @@ impl<B: SendBuf> Sender<B> {
         self.engine.held() + self.ready.len()
     }
 
-    /// Buffers the kernel still holds (outstanding minus those released and waiting to be reaped).
+    /// Buffers the kernel still holds (or the engine has queued for it): outstanding minus those
+    /// released and waiting to be reaped.
     pub fn in_flight(&self) -> usize {
         self.engine.held()
     }

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Duration;
 
 use util::{fill, tcp_pair, Peer};
-use zerotx::{EngineKind, Error, Path, SendBuf, SendError, Sender, SenderConfig, Stats};
+use zerotx::{EngineKind, Error, SendBuf, SendError, SendPath, Sender, SenderConfig, Stats};
 
 const MIB: u64 = 1 << 20;
 
@@ -90,7 +90,7 @@ fn datagrams(
             None => {
                 o.released_ok += 1;
                 assert_eq!(r.report.bytes, r.buf.len());
-                o.zerocopy_released += u64::from(r.report.path == Path::ZeroCopy);
+                o.zerocopy_released += u64::from(r.report.path == SendPath::ZeroCopy);
             }
         }
     }
@@ -278,7 +278,7 @@ fn udp_segment_errors_after_the_skb_was_built_take_ids_too() {
             "the failed sends took ids too: {stats:?}"
         );
         assert_eq!(stats.zerocopy_ids_completed, 160, "{stats:?}");
-        assert!(out.iter().all(|r| r.report.path == Path::ZeroCopy));
+        assert!(out.iter().all(|r| r.report.path == SendPath::ZeroCopy));
     });
 }
 

@@ -10,18 +10,18 @@ use std::time::Duration;
 
 use util::{fill, finish, tcp_pair, Peer};
 use zerotx::{
-    BufPool, CopyReason, EngineKind, Error, Path, SendError, Sender, SenderConfig, UringConfig,
+    BufPool, CopyReason, EngineKind, Error, SendError, SendPath, Sender, SenderConfig, UringConfig,
     UringShared,
 };
 
 const MIB: u64 = 1 << 20;
 
 /// The path every buffer of a loopback or black-hole send should report.
-fn expected_path(kind: EngineKind, kernel_copies: bool) -> Path {
+fn expected_path(kind: EngineKind, kernel_copies: bool) -> SendPath {
     match (kind.is_zerocopy(), kernel_copies) {
-        (false, _) => Path::Copied(CopyReason::Engine),
-        (true, true) => Path::Copied(CopyReason::Kernel),
-        (true, false) => Path::ZeroCopy,
+        (false, _) => SendPath::Copied(CopyReason::Engine),
+        (true, true) => SendPath::Copied(CopyReason::Kernel),
+        (true, false) => SendPath::ZeroCopy,
     }
 }
 
@@ -108,7 +108,7 @@ fn registered_pool_datagrams_are_zerocopy_and_other_engines_refuse_registration(
             }
             let (released, stats) = finish(tx);
             assert!(
-                released.iter().all(|r| r.report.path == Path::ZeroCopy),
+                released.iter().all(|r| r.report.path == SendPath::ZeroCopy),
                 "{stats:?}"
             );
             assert_eq!(stats.zerocopy, 300, "{stats:?}");
@@ -408,7 +408,7 @@ fn option_memory_enobufs_waits_or_falls_back_and_loses_nothing() {
         assert_eq!(stats.fallbacks, 500, "{stats:?}");
         assert!(released
             .iter()
-            .all(|r| r.report.path == Path::Copied(CopyReason::Fallback)));
+            .all(|r| r.report.path == SendPath::Copied(CopyReason::Fallback)));
         // TCP: completions only come as the peer's ACKs arrive.
         zerotx_testbed::set_optmem_max(2048).unwrap();
         let (client, peer) = tcp_pair(
@@ -602,7 +602,10 @@ fn af_unix_is_copy_only_and_says_so() {
     assert_eq!(tx.socket_kind().to_string(), "unix-stream");
     tx.send(vec![1u8; 1 << 20]).unwrap();
     let (released, _) = finish(tx);
-    assert_eq!(released[0].report.path, Path::Copied(CopyReason::Engine));
+    assert_eq!(
+        released[0].report.path,
+        SendPath::Copied(CopyReason::Engine)
+    );
     assert_eq!(reader.join().unwrap(), 1 << 20);
 
     let (a, _b) = UnixStream::pair().unwrap();
@@ -759,7 +762,7 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
                             tx.wait_released(&mut out, Some(Duration::from_secs(10)))
                                 .unwrap();
                             for r in out.drain(..) {
-                                assert_eq!(r.report.path, Path::ZeroCopy, "{:?}", r.report);
+                                assert_eq!(r.report.path, SendPath::ZeroCopy, "{:?}", r.report);
                                 assert!(r.report.error.is_none());
                                 checked += 1;
                             }
@@ -777,7 +780,7 @@ fn a_shared_ring_with_a_registered_pool_serves_many_datagram_sockets() {
         for tx in senders {
             let (released, stats) = finish(tx);
             assert!(
-                released.iter().all(|r| r.report.path == Path::ZeroCopy),
+                released.iter().all(|r| r.report.path == SendPath::ZeroCopy),
                 "{stats:?}"
             );
             checked += released.len();

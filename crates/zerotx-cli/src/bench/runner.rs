@@ -131,7 +131,9 @@ pub fn run_once(
     let mut latencies: Vec<u32> = Vec::new();
     let mut recycle = |out: &mut Vec<Released<PooledBuf>>, free: &mut VecDeque<PoolBufMut>| {
         for r in out.drain(..) {
-            latencies.push(r.report.latency.as_nanos().min(u32::MAX as u128) as u32);
+            if let Some(l) = r.report.latency {
+                latencies.push(l.as_nanos().min(u32::MAX as u128) as u32);
+            }
             if let Some(e) = r.report.error {
                 return Err(anyhow::Error::new(e).context("a send failed part way"));
             }

@@ -13,6 +13,8 @@
 //! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
+pub(crate) mod policy;
+pub(crate) mod record;
 pub(crate) mod ring;
 pub(crate) mod sendmsg;
 pub(crate) mod uring;
@@ -94,20 +96,24 @@ impl FromStr for EngineKind {
 }
 
 /// One way of sending. The sender validates input and owns the socket; the engine owns every
-/// buffer it accepted until it puts it into `out` in [`progress`](Engine::progress).
+/// buffer it accepted until it appends it, released, to `out`: the sender's one queue of released
+/// buffers. Every engine keeps its sends as [`record::Record`]s and releases them through
+/// [`record::Record::release`]; every decision on how a buffer goes is asked of [`policy`].
 pub(crate) trait Engine<B: SendBuf>: Send {
-    /// Accepts `buf` (now or queued) or hands it back.
+    /// Accepts `buf` (now or queued) or hands it back; may release earlier buffers into `out`.
     fn try_send(
         &mut self,
         sock: &Socket,
         buf: B,
         dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>>;
 
     /// Without blocking: pushes queued bytes, reads completions, appends released buffers.
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()>;
 
-    /// Buffers accepted and not yet released.
+    /// Buffers accepted and not yet appended to an `out`: what the kernel (or the engine's queue)
+    /// still holds.
     fn held(&self) -> usize;
 
     /// What to wait for. Called right before a wait: an engine that batches submissions enters

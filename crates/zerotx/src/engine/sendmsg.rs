@@ -33,7 +33,7 @@
 //!   zero-copy only what fits the MTU), so the engine sends them without `MSG_ZEROCOPY`: no id,
 //!   nothing lost. The route's MTU (`IP_MTU`/`IPV6_MTU`) is asked once per destination, and
 //!   again after an `EMSGSIZE`.
-//! - **vsock** (6.7+): one zero-copy call of at most [`VSOCK_ZC_MAX`] bytes is one packet and
+//! - **vsock** (6.7+): one zero-copy call of at most [`VSOCK_ZC_MAX`](policy::VSOCK_ZC_MAX) bytes is one packet and
 //!   takes one id, or fails whole with `ENOMEM` (the budget) and takes none. Larger calls are
 //!   split into packets and only the last one carries the id: when its completion cannot be
 //!   allocated, 6.7-6.12 return the bytes already sent having taken no id, and the earlier packets
@@ -46,25 +46,22 @@
 //!   engine follows the same rule).
 
 use std::io::{self, IoSlice};
-use std::time::Instant;
 
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
 use crate::cmsg::{self, ErrQueueMsg};
+use crate::engine::policy::{self, BudgetAction, Refusal};
+use crate::engine::record::{LatencySampler, Record};
 use crate::engine::Engine;
 use crate::error::SendError;
 use crate::ledger::{Ledger, Settled, SlotId};
-use crate::report::{CopyReason, Path, Readiness, Released, Report, Stats};
+use crate::report::{Readiness, Released, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
 
 /// Room for several messages' worth of control data; a completion needs 48 bytes.
 const CONTROL_LEN: usize = 512;
-
-/// The largest vsock zero-copy call: one virtio-vsock packet (`VIRTIO_VSOCK_MAX_PKT_BUF_SIZE`),
-/// which the kernel sends whole with one id or refuses whole.
-pub(crate) const VSOCK_ZC_MAX: usize = 64 * 1024;
 
 /// How a socket's zero-copy id counter moves (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,17 +72,6 @@ enum IdRule {
     Datagram,
     /// Calls capped at one packet; a short call may have taken an id.
     Vsock,
-}
-
-struct Record<B> {
-    buf: B,
-    dest: Option<SockAddr>,
-    sent: usize,
-    fallback: bool,
-    /// Part of it went by copy on the kernel's own decision (a short vsock call).
-    kernel_copied: bool,
-    error: Option<io::Error>,
-    started: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,9 +93,9 @@ pub(crate) struct SendmsgEngine<B> {
     head: Option<SlotId>,
     /// Set once a stream failed after part of a buffer went out: nothing more may be sent.
     broken: Option<i32>,
-    ready: Vec<Released<B>>,
     waiting: Wait,
     stats: Stats,
+    latency: LatencySampler,
     control: Vec<u8>,
     msgs: Vec<ErrQueueMsg>,
     settled: Vec<Settled<Record<B>>>,
@@ -135,9 +121,9 @@ impl<B: SendBuf> SendmsgEngine<B> {
             ledger: Ledger::new(first_id),
             head: None,
             broken: None,
-            ready: Vec::new(),
             waiting: Wait::Nothing,
             stats: Stats::default(),
+            latency: LatencySampler::default(),
             control: vec![0; CONTROL_LEN],
             msgs: Vec::new(),
             settled: Vec::new(),
@@ -145,32 +131,40 @@ impl<B: SendBuf> SendmsgEngine<B> {
     }
 
     /// Sends from the record's offset until it is fully queued or the socket pushes back.
-    fn write(&mut self, sock: &Socket, slot: SlotId) -> io::Result<Wait> {
+    fn write(
+        &mut self,
+        sock: &Socket,
+        slot: SlotId,
+        out: &mut Vec<Released<B>>,
+    ) -> io::Result<Wait> {
         loop {
             let rec = self.ledger.item(slot);
-            let left = rec.buf.as_bytes().len() - rec.sent;
+            let left = rec.left();
             if left == 0 {
                 return Ok(Wait::Nothing);
             }
             let mut zc = self.zerocopy && !rec.fallback;
-            if zc && self.rule == IdRule::Datagram && !self.mtu.fits(sock, left, rec.dest.as_ref())
+            if zc
+                && self.rule == IdRule::Datagram
+                && !self.mtu.fits(sock, left, rec.dest.as_deref())
             {
                 // Fragmented: the kernel would copy it anyway (see the module docs).
                 zc = false;
                 self.ledger.item_mut(slot).kernel_copied = true;
             }
             let rec = self.ledger.item(slot);
-            let rest = &rec.buf.as_bytes()[rec.sent..];
-            let len = match self.rule {
-                IdRule::Vsock if zc => rest.len().min(VSOCK_ZC_MAX),
-                _ => rest.len(),
+            let rest = &rec.bufs[0].as_bytes()[rec.sent..];
+            let len = if zc {
+                policy::zerocopy_call_len(self.rule == IdRule::Vsock, rest.len())
+            } else {
+                rest.len()
             };
             let flags = if zc { sys::MSG_ZEROCOPY } else { 0 };
             self.stats.syscalls += 1;
             match sys::sendmsg(
                 sock.fd(),
                 &[IoSlice::new(&rest[..len])],
-                rec.dest.as_ref(),
+                rec.dest.as_deref(),
                 flags,
             ) {
                 Ok(n) => {
@@ -189,18 +183,18 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     rec.kernel_copied |= zc && short_vsock;
                     if !self.stream {
                         // Datagrams go whole or not at all.
-                        rec.sent = rec.buf.as_bytes().len();
+                        rec.sent = rec.total;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
                 Err(e) if zc => {
                     if e.raw_os_error() == Some(libc::EMSGSIZE) {
                         // The path's MTU may have shrunk: ask again before the next datagram.
-                        self.mtu.forget(self.ledger.item(slot).dest.as_ref());
+                        self.mtu.forget(self.ledger.item(slot).dest.as_deref());
                     }
                     // Every failure but EAGAIN (handled above) may come after the id was taken.
                     let (took_id, reaped) = if self.rule == IdRule::Datagram {
-                        self.learn_failed_datagram_id(sock)
+                        self.learn_failed_datagram_id(sock, out)
                     } else {
                         (false, 0)
                     };
@@ -214,14 +208,15 @@ impl<B: SendBuf> SendmsgEngine<B> {
                         return Err(e);
                     }
                     self.stats.enobufs += 1;
-                    if reaped + self.reap_errqueue(sock) > 0 {
-                        continue;
+                    let reaped = reaped + self.reap_errqueue(sock, out);
+                    match policy::on_budget_refusal(Refusal {
+                        freed: reaped > 0,
+                        may_free: self.ledger.ids_in_flight() > 0,
+                    }) {
+                        BudgetAction::Retry => continue,
+                        BudgetAction::Copy => self.ledger.item_mut(slot).fallback = true,
+                        BudgetAction::Wait => return Ok(Wait::Completions),
                     }
-                    if self.ledger.ids_in_flight() == 0 {
-                        self.ledger.item_mut(slot).fallback = true;
-                        continue;
-                    }
-                    return Ok(Wait::Completions);
                 }
                 Err(e) => return Err(e),
             }
@@ -231,9 +226,13 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// After a zero-copy datagram send failed: did it take an id? The stack frees the skb of a
     /// failed send before the call returns, so its completion, if any, is already queued.
     /// Returns the answer and how many owned ids the error-queue read completed.
-    fn learn_failed_datagram_id(&mut self, sock: &Socket) -> (bool, u64) {
+    fn learn_failed_datagram_id(
+        &mut self,
+        sock: &Socket,
+        out: &mut Vec<Released<B>>,
+    ) -> (bool, u64) {
         let id = self.ledger.record_unowned_id();
-        let reaped = self.reap_errqueue(sock);
+        let reaped = self.reap_errqueue(sock, out);
         let taken = !self.ledger.retract_unowned(id);
         if taken {
             self.stats.zerocopy_ids += 1;
@@ -243,7 +242,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
 
     /// Reads the error queue dry; returns how many owned ids completed. A message the decoder or
     /// the ledger refuses is counted in `bad_completions` and skipped, never an error of a send.
-    fn reap_errqueue(&mut self, sock: &Socket) -> u64 {
+    fn reap_errqueue(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> u64 {
         let mut ids = 0;
         while self.errqueue {
             let read = match sys::recv_errqueue(sock.fd(), &mut self.control) {
@@ -286,8 +285,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
         let mut settled = std::mem::take(&mut self.settled);
         for s in settled.drain(..) {
-            let released = self.release(s);
-            self.ready.push(released);
+            self.release(s, out);
         }
         self.settled = settled;
         if ids > 0 && self.waiting == Wait::Completions {
@@ -297,60 +295,48 @@ impl<B: SendBuf> SendmsgEngine<B> {
         ids
     }
 
-    fn release(&mut self, s: Settled<Record<B>>) -> Released<B> {
-        let rec = s.item;
-        let path = match Path::of_release(self.zerocopy, rec.fallback, s.kernel_copied) {
-            Path::ZeroCopy if rec.kernel_copied => Path::Copied(CopyReason::Kernel),
-            path => path,
-        };
-        self.stats.count_release(path, rec.error.is_some());
-        Released {
-            buf: rec.buf,
-            report: Report {
-                bytes: rec.sent,
-                path,
-                latency: rec.started.elapsed(),
-                error: rec.error,
-            },
-        }
+    fn release(&mut self, s: Settled<Record<B>>, out: &mut Vec<Released<B>>) {
+        let mut rec = s.item;
+        rec.kernel_copied |= s.kernel_copied;
+        rec.release(self.zerocopy, &mut self.stats, out);
     }
 
     /// No more sends for `slot`: release it now if no id is pending.
-    fn seal(&mut self, slot: SlotId) {
+    fn seal(&mut self, slot: SlotId, out: &mut Vec<Released<B>>) {
         if let Some(s) = self.ledger.seal(slot) {
-            let released = self.release(s);
-            self.ready.push(released);
+            self.release(s, out);
         }
     }
 
     /// Gives back a buffer that took no id and no byte; `None` if the kernel holds part of it.
     fn abandon(&mut self, slot: SlotId) -> Option<B> {
-        self.ledger.seal(slot).map(|s| s.item.buf)
+        let s = self.ledger.seal(slot)?;
+        s.item.bufs.into_iter().next()
     }
 
     /// Ends `slot` with `error` after part of it went out. On a stream that part is on the wire
     /// and the rest never will be: the stream is broken for good.
-    fn fail_partly_sent(&mut self, slot: SlotId, error: io::Error) {
+    fn fail_partly_sent(&mut self, slot: SlotId, error: io::Error, out: &mut Vec<Released<B>>) {
         if self.stream {
             self.broken = Some(error.raw_os_error().unwrap_or(libc::EIO));
         }
         self.ledger.item_mut(slot).error = Some(error);
-        self.seal(slot);
+        self.seal(slot, out);
     }
 
-    fn push_head(&mut self, sock: &Socket) {
+    fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
         let Some(slot) = self.head else { return };
-        match self.write(sock, slot) {
+        match self.write(sock, slot, out) {
             Ok(Wait::Nothing) => {
                 self.head = None;
                 self.waiting = Wait::Nothing;
-                self.seal(slot);
+                self.seal(slot, out);
             }
             Ok(wait) => self.waiting = wait,
             Err(e) => {
                 self.head = None;
                 self.waiting = Wait::Nothing;
-                self.fail_partly_sent(slot, e);
+                self.fail_partly_sent(slot, e, out);
             }
         }
     }
@@ -366,9 +352,10 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         sock: &Socket,
         buf: B,
         dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         if self.head.is_some() {
-            self.push_head(sock);
+            self.push_head(sock, out);
             if self.head.is_some() {
                 self.stats.would_block += 1;
                 return Err(SendError::WouldBlock(buf));
@@ -377,22 +364,16 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         if let Some(error) = self.broken_error() {
             return Err(SendError::Io { buf, error });
         }
-        let slot = self.ledger.insert(Record {
-            buf,
-            dest,
-            sent: 0,
-            fallback: false,
-            kernel_copied: false,
-            error: None,
-            started: Instant::now(),
-        });
-        let result = self.write(sock, slot);
+        let slot = self
+            .ledger
+            .insert(Record::new(buf, dest, self.latency.next()));
+        let result = self.write(sock, slot, out);
         let sent = self.ledger.item(slot).sent;
         match result {
             Ok(Wait::Nothing) => {
                 self.waiting = Wait::Nothing;
                 self.stats.sends += 1;
-                self.seal(slot);
+                self.seal(slot, out);
                 Ok(())
             }
             Ok(wait) => {
@@ -415,7 +396,7 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                 }
                 // Part of it is in the kernel: report the error with the release.
                 self.stats.sends += 1;
-                self.fail_partly_sent(slot, error);
+                self.fail_partly_sent(slot, error, out);
                 Ok(())
             }
         }
@@ -424,17 +405,16 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
         // Always read the error queue: besides completions it may hold ICMP errors or
         // timestamps, which keep POLLERR up (a caller's poll loop would spin) until read.
-        self.reap_errqueue(sock);
+        self.reap_errqueue(sock, out);
         if self.waiting == Wait::Completions && self.ledger.ids_in_flight() == 0 {
             self.waiting = Wait::Writable;
         }
-        self.push_head(sock);
-        out.append(&mut self.ready);
+        self.push_head(sock, out);
         Ok(())
     }
 
     fn held(&self) -> usize {
-        self.ledger.held() + self.ready.len()
+        self.ledger.held()
     }
 
     fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness {
@@ -467,10 +447,14 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                     io::ErrorKind::BrokenPipe,
                     "sender closed before the rest of the buffer was sent",
                 ),
+                out,
             );
         }
-        out.append(&mut self.ready);
-        self.ledger.take_all().into_iter().map(|r| r.buf).collect()
+        self.ledger
+            .take_all()
+            .into_iter()
+            .flat_map(|r| r.bufs)
+            .collect()
     }
 }
 
@@ -538,7 +522,7 @@ impl PathMtu {
                 }
             },
         };
-        mtu.is_some_and(|m| len + self.header <= m as usize)
+        policy::datagram_zerocopy(len, self.header, mtu)
     }
 
     /// Forgets what was learned about `dest` (after `EMSGSIZE`: the MTU may have shrunk).

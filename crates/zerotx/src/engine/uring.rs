@@ -38,17 +38,20 @@ use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types};
+use slab::Slab;
 use socket2::SockAddr;
 
 use super::ring::{self, Cqe, RingCore, UringShared};
 
 use crate::buf::{BufPool, SendBuf};
+use crate::engine::policy::{self, BudgetAction, Refusal};
+use crate::engine::record::{LatencySampler, Record};
 use crate::engine::Engine;
 use crate::error::{Error, SendError};
-use crate::report::{CopyReason, Path, Readiness, Released, Report, Stats};
+use crate::report::{Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
 use crate::sys::uring as sysu;
 
@@ -73,22 +76,15 @@ impl Default for UringConfig {
     }
 }
 
+/// A record and the requests that carry it.
 struct Batch<B> {
-    bufs: Vec<B>,
-    /// Boxed: the kernel reads it from the request, and batches move inside their slab.
-    dest: Option<Box<SockAddr>>,
-    total: usize,
-    sent: usize,
+    rec: Record<B>,
     /// Requests of this batch not yet finished (first CQE and notification both in).
     reqs: u32,
     /// A request of it is still to be pushed (it sits in `to_push` or `deferred`).
     waiting: bool,
-    copied: bool,
-    fallback: bool,
-    error: Option<i32>,
     /// Resubmissions after a cancelled request that sent nothing, since the batch last moved.
     resubmits: u32,
-    started: Instant,
 }
 
 /// The memory a request's SQE points at: kept until the request finished.
@@ -113,47 +109,6 @@ struct Req {
 // moving a Req to another thread with its engine is sound.
 unsafe impl Send for Req {}
 
-struct Slab<T> {
-    items: Vec<Option<T>>,
-    free: Vec<usize>,
-}
-
-impl<T> Slab<T> {
-    fn new() -> Self {
-        Self {
-            items: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-    fn insert(&mut self, t: T) -> usize {
-        match self.free.pop() {
-            Some(i) => {
-                self.items[i] = Some(t);
-                i
-            }
-            None => {
-                self.items.push(Some(t));
-                self.items.len() - 1
-            }
-        }
-    }
-    fn get(&self, i: usize) -> Option<&T> {
-        self.items.get(i).and_then(Option::as_ref)
-    }
-    fn get_mut(&mut self, i: usize) -> Option<&mut T> {
-        self.items.get_mut(i).and_then(Option::as_mut)
-    }
-    fn remove(&mut self, i: usize) -> Option<T> {
-        let t = self.items.get_mut(i)?.take()?;
-        self.free.push(i);
-        Some(t)
-    }
-    fn drain(&mut self) -> impl Iterator<Item = T> + '_ {
-        self.free.clear();
-        self.items.drain(..).flatten()
-    }
-}
-
 pub(crate) struct UringEngine<B> {
     core: Arc<Mutex<RingCore>>,
     owner: u16,
@@ -174,6 +129,7 @@ pub(crate) struct UringEngine<B> {
     queue: VecDeque<(B, Option<SockAddr>)>,
     batches: Slab<Batch<B>>,
     reqs: Slab<Req>,
+    latency: LatencySampler,
     /// This sender's requests pushed and not yet finished.
     in_flight: usize,
     /// An ordered socket's request is out (or waiting to be pushed).
@@ -190,7 +146,6 @@ pub(crate) struct UringEngine<B> {
     closing: bool,
     broken: Option<i32>,
     held: usize,
-    ready: Vec<Released<B>>,
     stats: Stats,
     cqes: Vec<Cqe>,
 }
@@ -198,16 +153,13 @@ pub(crate) struct UringEngine<B> {
 /// How long a sender on a shared ring sleeps before it looks at its inbox again.
 const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 
-/// Smallest buffer a stream socket sends from registered memory (see `registered_index`).
-const FIXED_STREAM_MIN: usize = 64 * 1024;
-
 /// Resubmissions of a cancelled request that sent nothing before its batch fails.
 const MAX_RESUBMITS: u32 = 8;
 
-/// Fixed buffer index for `buf` when it lies in the registered `region` (and, on a byte stream,
-/// is large enough to go alone: see `UringEngine::registered_index`).
+/// Fixed buffer index for `buf` when it lies in the registered `region` and policy sends it
+/// alone from there ([`policy::fixed_buffer`]).
 fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B) -> Option<u16> {
-    if merge && buf.as_bytes().len() < FIXED_STREAM_MIN {
+    if !policy::fixed_buffer(buf.as_bytes().len(), merge) {
         return None;
     }
     let (r, _) = buf.registered()?;
@@ -282,6 +234,7 @@ impl<B: SendBuf> UringEngine<B> {
             queue: VecDeque::new(),
             batches: Slab::new(),
             reqs: Slab::new(),
+            latency: LatencySampler::default(),
             in_flight: 0,
             busy: false,
             to_push: VecDeque::new(),
@@ -291,7 +244,6 @@ impl<B: SendBuf> UringEngine<B> {
             closing: false,
             broken: None,
             held: 0,
-            ready: Vec::new(),
             stats: Stats::default(),
             cqes: Vec::new(),
         })
@@ -314,11 +266,7 @@ impl<B: SendBuf> UringEngine<B> {
         }
     }
 
-    /// Whether `buf` goes as its own `SEND_ZC` from registered memory. On a byte stream only
-    /// large buffers do: one request carries one registered buffer, and with one request in
-    /// flight small ones are faster batched into a `SENDMSG_ZC` iovec (measured over TCP loopback,
-    /// one registered buffer per request against batched: 278 vs 613 MB/s at 1400 bytes, 2655 vs
-    /// 2097 MB/s at 64 KiB).
+    /// Whether `buf` goes as its own `SEND_ZC` from registered memory.
     fn registered_index(&self, buf: &B) -> Option<u16> {
         fixed_index(self.fixed_region(), self.merge, buf)
     }
@@ -326,8 +274,7 @@ impl<B: SendBuf> UringEngine<B> {
     /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
     /// pages exceed `RLIMIT_MEMLOCK`, however long one waits.
     fn may_pin(&self, bytes: usize) -> bool {
-        self.pin_limit
-            .map_or(true, |limit| sysu::pin_charge(bytes) <= limit)
+        policy::may_pin(sysu::pin_charge(bytes), self.pin_limit)
     }
 
     /// Forms requests from the queue while order and the in-flight cap allow.
@@ -341,40 +288,28 @@ impl<B: SendBuf> UringEngine<B> {
             {
                 return Ok(());
             }
-            let mut bufs = Vec::new();
             let (first, dest) = self.queue.pop_front().expect("queue not empty");
             let fixed = self.registered_index(&first).is_some();
-            let mut total = first.as_bytes().len();
-            bufs.push(first);
+            let mut rec = Record::new(first, dest, self.latency.next());
             // A byte-stream request carries several buffers as one iovec (as many as half the
             // locked-memory limit lets two requests pin at once); a fixed-buffer request, a
             // message and a datagram carry one.
-            while self.merge && !fixed && bufs.len() < self.cfg.batch {
+            while self.merge && !fixed && rec.bufs.len() < self.cfg.batch {
                 let next = match self.queue.front() {
                     Some((b, _)) if self.registered_index(b).is_none() => b.as_bytes().len(),
                     _ => break,
                 };
-                let fits = self.pin_limit.map_or(true, |l| {
-                    !self.zc || sysu::pin_charge(total + next) <= l / 2
-                });
-                if !fits {
+                let limit = if self.zc { self.pin_limit } else { None };
+                if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
                     break;
                 }
-                total += next;
-                bufs.push(self.queue.pop_front().expect("front exists").0);
+                rec.push(self.queue.pop_front().expect("front exists").0);
             }
             let batch = self.batches.insert(Batch {
-                bufs,
-                dest: dest.map(Box::new),
-                total,
-                sent: 0,
+                rec,
                 reqs: 0,
                 waiting: true,
-                copied: false,
-                fallback: false,
-                error: None,
                 resubmits: 0,
-                started: Instant::now(),
             });
             if self.ordered {
                 self.busy = true;
@@ -413,35 +348,29 @@ impl<B: SendBuf> UringEngine<B> {
         let region = if zc { self.fixed_region() } else { None };
         let fd = types::Fd(self.raw_fd());
         let b = self.batches.get(batch_idx).expect("live batch");
-        let fixed = match b.bufs.as_slice() {
+        let fixed = match b.rec.bufs.as_slice() {
             [one] => fixed_index(region, self.merge, one),
             _ => None,
         };
         // A request from user memory charges its pages to the locked-memory limit; one that could
         // never fit goes by copy at once.
         let charged = zc && fixed.is_none();
-        let zc = zc && (fixed.is_some() || self.may_pin(b.total - b.sent));
+        let zc = zc && (fixed.is_some() || self.may_pin(b.rec.left()));
         let b = self.batches.get_mut(batch_idx).expect("live batch");
-        b.fallback |= self.zc && !zc;
-        let mut skip = b.sent;
-        let mut iov = Vec::with_capacity(b.bufs.len());
-        for buf in &b.bufs {
-            let bytes = buf.as_bytes();
-            if skip >= bytes.len() {
-                skip -= bytes.len();
-                continue;
-            }
-            iov.push(libc::iovec {
-                iov_base: bytes[skip..].as_ptr() as *mut libc::c_void,
-                iov_len: bytes.len() - skip,
-            });
-            skip = 0;
-        }
+        b.rec.fallback |= self.zc && !zc;
+        let mut iov: Vec<libc::iovec> = b
+            .rec
+            .unsent()
+            .map(|bytes| libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            })
+            .collect();
         // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
         let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = iov.len() as _;
-        if let Some(d) = &b.dest {
+        if let Some(d) = &b.rec.dest {
             msg.msg_name = d.as_ptr() as *mut libc::c_void;
             msg.msg_namelen = d.len();
         }
@@ -457,7 +386,7 @@ impl<B: SendBuf> UringEngine<B> {
                     .buf_index(Some(index))
                     .flags(flags)
                     .zc_flags(self.zc_flags | bad);
-                if let Some(d) = &b.dest {
+                if let Some(d) = &b.rec.dest {
                     op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
                 }
                 op.build()
@@ -503,8 +432,8 @@ impl<B: SendBuf> UringEngine<B> {
     /// by a wait on the ring goes through here: an SQE left unsubmitted with nothing else in
     /// flight would make that wait endless. Every step runs even if one failed; the first error
     /// is returned, and what it held back is tried again at the next progress.
-    fn kick(&mut self) -> io::Result<()> {
-        self.reap();
+    fn kick(&mut self, out: &mut Vec<Released<B>>) -> io::Result<()> {
+        self.reap(out);
         let pushed = self.flush_pushes();
         let issued = self.issue();
         let owed = std::mem::take(&mut self.owed);
@@ -520,19 +449,19 @@ impl<B: SendBuf> UringEngine<B> {
     }
 
     /// Applies every completion this owner has on the ring.
-    fn reap(&mut self) {
+    fn reap(&mut self, out: &mut Vec<Released<B>>) {
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.clear();
         let owner = self.owner;
         self.core().reap_for(owner, &mut cqes);
         for &(req, res, flags) in &cqes {
-            self.on_cqe(req, res, flags);
+            self.on_cqe(req, res, flags, out);
         }
         self.cqes = cqes;
     }
 
     /// One CQE: record it, retire the request if it is done, then decide what follows.
-    fn on_cqe(&mut self, req_idx: usize, res: i32, flags: u32) {
+    fn on_cqe(&mut self, req_idx: usize, res: i32, flags: u32, out: &mut Vec<Released<B>>) {
         if req_idx == ring::CANCEL_REQ {
             return; // the cancel of a shutdown: its count of cancelled requests is not needed
         }
@@ -548,7 +477,7 @@ impl<B: SendBuf> UringEngine<B> {
             self.stats.completions += 1;
             if res & sysu::NOTIF_USAGE_ZC_COPIED != 0 {
                 if let Some(b) = self.batches.get_mut(batch_idx) {
-                    b.copied = true;
+                    b.rec.kernel_copied = true;
                 }
             }
         } else {
@@ -565,7 +494,7 @@ impl<B: SendBuf> UringEngine<B> {
         let done = req.first_done && req.notif_done;
         let mut unpinned = false;
         if done {
-            let r = self.reqs.remove(req_idx).expect("live request");
+            let r = self.reqs.remove(req_idx);
             self.in_flight -= 1;
             self.pinned -= r.pinned;
             unpinned = r.pinned > 0;
@@ -574,7 +503,7 @@ impl<B: SendBuf> UringEngine<B> {
             }
         }
         if let Some(res) = first {
-            self.on_result(batch_idx, res, zc);
+            self.on_result(batch_idx, res, zc, out);
         }
         if unpinned && !self.closing {
             // Pinned pages came back: retry what the budget refused (never on a refused
@@ -583,27 +512,27 @@ impl<B: SendBuf> UringEngine<B> {
                 self.to_push.push_back((d, true));
             }
         }
-        self.settle(batch_idx);
+        self.settle(batch_idx, out);
     }
 
     /// A request's first CQE: account bytes, continue a short send, wait for the budget or copy,
     /// resubmit a cancelled request, or fail the batch.
-    fn on_result(&mut self, batch_idx: usize, res: i32, zc: bool) {
+    fn on_result(&mut self, batch_idx: usize, res: i32, zc: bool, out: &mut Vec<Released<B>>) {
         let merge = self.merge;
         let Some(b) = self.batches.get_mut(batch_idx) else {
             return;
         };
         if res >= 0 {
             let n = res as usize;
-            b.sent += n;
+            b.rec.sent += n;
             self.stats.bytes += n as u64;
             if n > 0 {
                 b.resubmits = 0;
             }
             if !merge {
-                b.sent = b.total; // a datagram or a message goes whole
+                b.rec.sent = b.rec.total; // a datagram or a message goes whole
             }
-            if b.sent >= b.total {
+            if b.rec.left() == 0 {
                 if self.ordered {
                     self.busy = false;
                 }
@@ -611,8 +540,8 @@ impl<B: SendBuf> UringEngine<B> {
             }
             if n == 0 || self.closing {
                 let errno = libc::EPIPE;
-                b.error = Some(errno);
-                self.break_stream(errno);
+                b.rec.error = Some(io::Error::from_raw_os_error(errno));
+                self.break_stream(errno, out);
                 return;
             }
             // MSG_WAITALL stopped short (its thread exited, measured on 6.18): go on from there.
@@ -622,20 +551,25 @@ impl<B: SendBuf> UringEngine<B> {
         }
         let errno = -res;
         if self.closing {
-            b.error = Some(errno);
+            b.rec.error = Some(io::Error::from_raw_os_error(errno));
             return;
         }
         // The zero-copy budget is full: ENOMEM, io_uring charges pinned pages to RLIMIT_MEMLOCK
         // (not ENOBUFS: see the module docs). Wait for this sender's pinned pages if they would
-        // make room; else copy.
+        // make room; else copy. Never retried on the refused request's own completion.
         if zc && errno == libc::ENOMEM {
             self.stats.enobufs += 1;
             b.waiting = true;
-            if sysu::pin_charge(b.total - b.sent) <= self.pinned {
-                self.deferred.push(batch_idx);
-            } else {
-                b.fallback = true;
-                self.to_push.push_back((batch_idx, false));
+            let refusal = Refusal {
+                freed: false,
+                may_free: sysu::pin_charge(b.rec.left()) <= self.pinned,
+            };
+            match policy::on_budget_refusal(refusal) {
+                BudgetAction::Wait => self.deferred.push(batch_idx),
+                BudgetAction::Copy | BudgetAction::Retry => {
+                    b.rec.fallback = true;
+                    self.to_push.push_back((batch_idx, false));
+                }
             }
             return;
         }
@@ -647,68 +581,35 @@ impl<B: SendBuf> UringEngine<B> {
             self.to_push.push_back((batch_idx, zc));
             return;
         }
-        b.error = Some(errno);
+        b.rec.error = Some(io::Error::from_raw_os_error(errno));
         if self.ordered {
-            self.break_stream(errno);
+            self.break_stream(errno, out);
         }
     }
 
     /// Releases `batch` if it is done: nothing of it in the kernel or still to push, and every
     /// byte sent or an error recorded.
-    fn settle(&mut self, batch_idx: usize) {
-        let done = self
-            .batches
-            .get(batch_idx)
-            .is_some_and(|b| b.reqs == 0 && !b.waiting && (b.sent >= b.total || b.error.is_some()));
+    fn settle(&mut self, batch_idx: usize, out: &mut Vec<Released<B>>) {
+        let done = self.batches.get(batch_idx).is_some_and(|b| {
+            b.reqs == 0 && !b.waiting && (b.rec.left() == 0 || b.rec.error.is_some())
+        });
         if done {
-            let b = self.batches.remove(batch_idx).expect("live batch");
-            self.release(b);
+            let b = self.batches.remove(batch_idx);
+            self.held -= b.rec.bufs.len();
+            b.rec.release(self.zc, &mut self.stats, out);
         }
     }
 
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued
     /// buffer comes back with the error.
-    fn break_stream(&mut self, errno: i32) {
+    fn break_stream(&mut self, errno: i32, out: &mut Vec<Released<B>>) {
         self.busy = false;
         self.broken = Some(errno);
-        while let Some((buf, _)) = self.queue.pop_front() {
+        while let Some((buf, dest)) = self.queue.pop_front() {
             self.held -= 1;
-            self.stats.errors += 1;
-            self.ready.push(Released {
-                buf,
-                report: Report {
-                    bytes: 0,
-                    path: Path::Copied(CopyReason::Engine),
-                    latency: std::time::Duration::ZERO,
-                    error: Some(io::Error::from_raw_os_error(errno)),
-                },
-            });
-        }
-    }
-
-    fn release(&mut self, b: Batch<B>) {
-        let path = Path::of_release(self.zc, b.fallback, b.copied);
-        let latency = b.started.elapsed();
-        let mut sent = b.sent;
-        for buf in b.bufs {
-            let len = buf.as_bytes().len();
-            let bytes = len.min(sent);
-            sent -= bytes;
-            let error = b
-                .error
-                .filter(|_| bytes < len)
-                .map(io::Error::from_raw_os_error);
-            self.stats.count_release(path, error.is_some());
-            self.held -= 1;
-            self.ready.push(Released {
-                buf,
-                report: Report {
-                    bytes,
-                    path,
-                    latency,
-                    error,
-                },
-            });
+            let mut rec = Record::new(buf, dest, None);
+            rec.error = Some(io::Error::from_raw_os_error(errno));
+            rec.release(false, &mut self.stats, out);
         }
     }
 
@@ -767,6 +668,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         _sock: &Socket,
         buf: B,
         dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         if let Some(errno) = self.broken {
             return Err(SendError::Io {
@@ -775,7 +677,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             });
         }
         if self.queue.len() >= self.cfg.queue_limit {
-            if let Err(error) = self.kick() {
+            if let Err(error) = self.kick(out) {
                 return Err(SendError::Io { buf, error });
             }
             if self.queue.len() >= self.cfg.queue_limit {
@@ -795,9 +697,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     }
 
     fn progress(&mut self, _sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        let res = self.kick();
-        out.append(&mut self.ready);
-        res
+        self.kick(out)
     }
 
     fn held(&self) -> usize {
@@ -848,7 +748,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {
         let errno = libc::EPIPE;
         self.closing = true;
-        self.break_stream(errno);
+        self.break_stream(errno, out);
         // Batches waiting for a push or for the budget have nothing in the kernel unless an
         // earlier request of theirs is still out: give those back with the error.
         let waiting: Vec<usize> = self
@@ -860,15 +760,16 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         for idx in waiting {
             if let Some(b) = self.batches.get_mut(idx) {
                 b.waiting = false;
-                b.error.get_or_insert(errno);
+                b.rec
+                    .error
+                    .get_or_insert_with(|| io::Error::from_raw_os_error(errno));
             }
-            self.settle(idx);
+            self.settle(idx, out);
         }
         self.withdraw();
         // Cancelled requests complete at once (a zero-copy one's notification follows when the
         // kernel let go of its pages): one more look gives back what it can.
-        self.reap();
-        out.append(&mut self.ready);
+        self.reap(out);
         // Requests still in flight: the kernel may still read their buffers and (before it issued
         // them) their iovecs, msghdr and destination, so all of it is leaked, never freed.
         for req in self.reqs.drain() {
@@ -876,7 +777,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         }
         let mut kept = Vec::new();
         for b in self.batches.drain() {
-            let Batch { bufs, dest, .. } = b;
+            let Record { bufs, dest, .. } = b.rec;
             std::mem::forget(dest);
             kept.extend(bufs);
         }

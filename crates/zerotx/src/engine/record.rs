@@ -1,0 +1,149 @@
+//! The one in-flight record every engine keeps, and the one path that turns it into
+//! [`Released`] values.
+//!
+//! A record is one send as the kernel sees it: a buffer (or, on an io_uring byte stream, several
+//! buffers carried by one request's iovec), where it goes, how many bytes the kernel took, and
+//! what the release will report. Every engine releases through [`Record::release`], so a buffer's
+//! [`Report`] means the same whichever engine sent it.
+
+use std::io;
+use std::time::Instant;
+
+use smallvec::SmallVec;
+use socket2::SockAddr;
+
+use crate::buf::SendBuf;
+use crate::engine::policy;
+use crate::report::{Released, Report, Stats};
+
+/// One send in flight: see the module docs.
+pub(crate) struct Record<B> {
+    /// The buffers, in stream order. One, except in an io_uring byte-stream batch.
+    pub(crate) bufs: SmallVec<[B; 1]>,
+    /// Boxed: most sends have none, and the record stays small where it moves.
+    pub(crate) dest: Option<Box<SockAddr>>,
+    /// Bytes of all buffers together.
+    pub(crate) total: usize,
+    /// Bytes the kernel took so far.
+    pub(crate) sent: usize,
+    /// zerotx sent (part of) it by copy after the zero-copy budget refused it.
+    pub(crate) fallback: bool,
+    /// The kernel copied (part of) it: a COPIED completion, a short vsock call, a datagram too
+    /// large for the path's MTU.
+    pub(crate) kernel_copied: bool,
+    /// Set when the send ended before every byte went.
+    pub(crate) error: Option<io::Error>,
+    /// When it was accepted, for a sampled one (see [`LatencySampler`]).
+    pub(crate) started: Option<Instant>,
+}
+
+impl<B: SendBuf> Record<B> {
+    /// A record of one buffer.
+    pub(crate) fn new(buf: B, dest: Option<SockAddr>, started: Option<Instant>) -> Self {
+        let total = buf.as_bytes().len();
+        let mut bufs = SmallVec::new();
+        bufs.push(buf);
+        Self {
+            bufs,
+            dest: dest.map(Box::new),
+            total,
+            sent: 0,
+            fallback: false,
+            kernel_copied: false,
+            error: None,
+            started,
+        }
+    }
+
+    /// Appends `buf` to a byte-stream batch (no destination).
+    pub(crate) fn push(&mut self, buf: B) {
+        self.total += buf.as_bytes().len();
+        self.bufs.push(buf);
+    }
+
+    /// Bytes not yet taken by the kernel.
+    pub(crate) fn left(&self) -> usize {
+        self.total - self.sent
+    }
+
+    /// The unsent bytes, buffer by buffer, in order.
+    pub(crate) fn unsent(&self) -> impl Iterator<Item = &[u8]> {
+        let mut skip = self.sent;
+        self.bufs.iter().filter_map(move |b| {
+            let bytes = b.as_bytes();
+            if skip >= bytes.len() {
+                skip -= bytes.len();
+                return None;
+            }
+            let rest = &bytes[skip..];
+            skip = 0;
+            Some(rest)
+        })
+    }
+
+    /// Gives every buffer back with its report, counted in `stats`: the only place a [`Released`]
+    /// is made. A batch's bytes are assigned in order; every buffer that did not go whole carries
+    /// the error.
+    pub(crate) fn release(
+        self,
+        zerocopy_engine: bool,
+        stats: &mut Stats,
+        out: &mut Vec<Released<B>>,
+    ) {
+        let path = policy::release_path(zerocopy_engine, self.fallback, self.kernel_copied);
+        let latency = self.started.map(|t| t.elapsed());
+        let mut sent = self.sent;
+        let mut error = self.error;
+        let n = self.bufs.len();
+        for (i, buf) in self.bufs.into_iter().enumerate() {
+            let len = buf.as_bytes().len();
+            let bytes = len.min(sent);
+            sent -= bytes;
+            // The buffers that did not go whole are a suffix: the last one takes the error itself,
+            // the others a copy.
+            let error = (bytes < len).then(|| match (&mut error, i + 1 == n) {
+                (e @ Some(_), true) => e.take().expect("checked"),
+                (Some(e), false) => copy_error(e),
+                (None, _) => io::Error::from(io::ErrorKind::BrokenPipe),
+            });
+            stats.count_release(path, error.is_some());
+            out.push(Released {
+                buf,
+                report: Report {
+                    bytes,
+                    path,
+                    latency,
+                    error,
+                },
+            });
+        }
+    }
+}
+
+/// `io::Error` is not `Clone`: the same errno, or kind and message.
+fn copy_error(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(errno) => io::Error::from_raw_os_error(errno),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+/// Which sends carry a timestamp: one in [`LatencySampler::EVERY`]. A clock read per send costs
+/// a few percent of a small datagram's send; a sample costs nothing measurable and still tells
+/// the release latency's distribution.
+#[derive(Debug, Default)]
+pub(crate) struct LatencySampler {
+    count: u32,
+}
+
+impl LatencySampler {
+    /// One send in this many is timed.
+    pub(crate) const EVERY: u32 = 64;
+
+    /// The start time of the next send, if it is one of the sampled.
+    pub(crate) fn next(&mut self) -> Option<Instant> {
+        let sample = self.count % Self::EVERY == 0;
+        self.count = self.count.wrapping_add(1);
+        sample.then(Instant::now)
+    }
+}
