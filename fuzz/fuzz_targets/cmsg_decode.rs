@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zerotx::cmsg::{self, ErrQueueMsg};
+use zerotx::internals::cmsg::{self, ErrQueueMsg};
 
 fuzz_target!(|data: &[u8]| {
     let mut out = Vec::new();

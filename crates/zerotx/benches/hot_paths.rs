@@ -2,8 +2,8 @@
 //! decoder. (End-to-end copy vs zero-copy figures come from `zerotx bench`.)
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use zerotx::cmsg::{self, CmsgBuilder, ZcRange, IPV6_RECVERR, IP_RECVERR};
-use zerotx::ledger::Ledger;
+use zerotx::internals::cmsg::{self, CmsgBuilder, ZcRange, IPV6_RECVERR, IP_RECVERR};
+use zerotx::internals::ledger::Ledger;
 
 fn ledger(c: &mut Criterion) {
     let mut g = c.benchmark_group("ledger");

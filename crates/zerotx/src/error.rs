@@ -4,10 +4,43 @@ use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
 
+use crate::engine::EngineKind;
 use crate::socket::SockKind;
+
+/// A feature the kernel, this socket kind or this engine may lack ([`Error::Unsupported`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Feature {
+    /// Sending on this kind of socket at all.
+    Socket(SockKind),
+    /// `MSG_ZEROCOPY` (`SO_ZEROCOPY`) on this kind of socket.
+    MsgZerocopy(SockKind),
+    /// io_uring itself (`io_uring_setup`).
+    IoUring,
+    /// io_uring's zero-copy sends (`IORING_OP_SEND_ZC`/`SENDMSG_ZC`), on this kind of socket.
+    UringZerocopy(SockKind),
+    /// Sending from registered memory (`IORING_REGISTER_BUFFERS`): with this engine.
+    RegisteredBuffers(EngineKind),
+    /// Submitting through a shared ring ([`UringShared`](crate::UringShared)): with this engine.
+    SharedRing(EngineKind),
+}
+
+impl fmt::Display for Feature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Feature::Socket(k) => write!(f, "sending on a {k} socket"),
+            Feature::MsgZerocopy(k) => write!(f, "MSG_ZEROCOPY on {k} sockets"),
+            Feature::IoUring => f.write_str("io_uring"),
+            Feature::UringZerocopy(k) => write!(f, "io_uring zero-copy sends on {k} sockets"),
+            Feature::RegisteredBuffers(e) => write!(f, "registered buffers with the {e} engine"),
+            Feature::SharedRing(e) => write!(f, "a shared io_uring with the {e} engine"),
+        }
+    }
+}
 
 /// Why a sender could not be made or a blocking operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The descriptor is not open.
     #[error(
@@ -35,13 +68,21 @@ pub enum Error {
         /// What the socket is.
         kind: SockKind,
     },
-    /// The kernel, this socket kind or this build lacks a feature.
+    /// The kernel, this socket kind or this engine lacks a feature.
     #[error("{feature} is not available: {reason}")]
     Unsupported {
         /// What was asked for.
-        feature: String,
+        feature: Feature,
         /// Why not, and what to do instead.
         reason: String,
+    },
+    /// The configuration asks for something that cannot work; `fix` says what to change.
+    #[error("{problem}: {fix}")]
+    Config {
+        /// What is wrong.
+        problem: String,
+        /// What to do instead.
+        fix: String,
     },
     /// A deadline passed with buffers still held by the kernel.
     #[error("timed out with {outstanding} buffer(s) still held by the kernel (their completions have not arrived; is the peer reading?)")]
@@ -66,6 +107,7 @@ impl From<Error> for io::Error {
             Error::BadFd { .. } | Error::NotASocket { .. } => io::ErrorKind::InvalidInput,
             Error::Listening { .. } | Error::NotConnected { .. } => io::ErrorKind::NotConnected,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            Error::Config { .. } => io::ErrorKind::InvalidInput,
             Error::TimedOut { .. } => io::ErrorKind::TimedOut,
             Error::Io { source, .. } => source.kind(),
         };

@@ -23,16 +23,16 @@
 //! with `IORING_RECVSEND_FIXED_BUF`.
 //!
 //! ## What zerotx gets right, and where it lives
-//! - Buffer lifetimes: [`buf`] documents the rule; no path frees a buffer the kernel may read.
+//! - Buffer lifetimes: [`SendBuf`] documents the rule; no path frees a buffer the kernel may read.
 //! - Completion ids: u32, wrapping, coalesced into ranges that may cross 2^32, one buffer owning
-//!   several ids after a short write: the pure [`ledger`]. Which calls take an id differs per
+//!   several ids after a short write: the pure ledger (`ledger.rs`). Which calls take an id differs per
 //!   protocol (a UDP send that failed after its skb was built took one; a short vsock call took
 //!   one for bytes it copied); the `sendmsg` engine follows each rule and never releases on a
 //!   guess. A socket that already has `SO_ZEROCOPY` is refused unless
 //!   [`SenderConfig::zerocopy_first_id`] says where the kernel's counter stands.
 //! - Streams: a stream that failed after part of a buffer went out sends nothing more (a gap
 //!   would corrupt it); io_uring keeps one request in flight per stream or seqpacket socket.
-//! - Control messages: the pure, length-checked, fuzzed [`cmsg`] decoder (IPv4, IPv6, vsock and
+//! - Control messages: the pure, length-checked, fuzzed decoder (`cmsg.rs`) (IPv4, IPv6, vsock and
 //!   packet levels); other error-queue messages are skipped, never fatal.
 //! - `ENOBUFS` (`net.core.optmem_max`, `RLIMIT_MEMLOCK`): read completions and retry; with nothing
 //!   in flight, send that buffer by copy and count it ([`Stats::fallbacks`]).
@@ -46,30 +46,39 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod buf;
-pub mod cmsg;
+mod addr;
+mod buf;
+mod cmsg;
 mod engine;
 mod error;
-pub mod ledger;
+mod ledger;
 pub mod probe;
 mod report;
 mod sender;
-mod socket;
+pub mod socket;
 mod sys;
 
+pub use addr::{Destination, VsockAddr};
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
 pub use engine::{EngineKind, UringConfig, UringShared};
-pub use error::{Error, SendError};
+pub use error::{Error, Feature, SendError};
 pub use probe::probe;
 pub use report::{CopyReason, Readiness, Released, Report, SendPath, Stats};
-pub use sender::{leaked_buffers, Closed, Sender, SenderConfig, DROP_TIMEOUT};
-pub use socket::{Family, SockKind, SockType};
-pub use socket2::SockAddr;
+pub use sender::{leaked_buffers, Closed, Sender, SenderConfig};
+pub use socket::SockKind;
 
 /// Hooks for zerotx's own tests, fuzzers and benchmarks: not part of the API, may change at any
 /// time.
 #[doc(hidden)]
 pub mod internals {
+    /// The error-queue decoder.
+    pub mod cmsg {
+        pub use crate::cmsg::*;
+    }
+    /// The completion ledger.
+    pub mod ledger {
+        pub use crate::ledger::*;
+    }
     /// io_uring faults the kernel cannot produce on demand (a failed `io_uring_enter`, an SQE
     /// whose preparation fails), injected for the calling thread only.
     pub mod uring_faults {

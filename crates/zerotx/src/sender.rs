@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use socket2::SockAddr;
 
+use crate::addr::{Destination, VsockAddr};
 use crate::buf::BufPool;
 use crate::buf::SendBuf;
 use crate::engine::sendmsg::SendmsgEngine;
 use crate::engine::uring::UringEngine;
 use crate::engine::{Engine, EngineKind, UringConfig, UringShared};
-use crate::error::{Error, SendError};
+use crate::error::{Error, Feature, SendError};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::{SockKind, SockType, Socket};
 use crate::sys;
@@ -28,10 +29,11 @@ pub fn leaked_buffers() -> u64 {
 }
 
 /// How long [`Drop`] waits for outstanding buffers before leaking them.
-pub const DROP_TIMEOUT: Duration = Duration::from_secs(1);
+const DROP_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// How to build a [`Sender`].
+/// How to build a [`Sender`]: [`SenderConfig::new`], then the `with_` methods.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SenderConfig {
     /// The engine.
     pub engine: EngineKind,
@@ -62,15 +64,31 @@ impl SenderConfig {
 
     /// `engine` on the shared `ring`.
     pub fn shared(engine: EngineKind, ring: &UringShared) -> Self {
-        Self {
-            ring: Some(ring.clone()),
-            ..Self::new(engine)
-        }
+        Self::new(engine).with_ring(ring)
+    }
+
+    /// Submits through the shared `ring` (io_uring engines only).
+    pub fn with_ring(mut self, ring: &UringShared) -> Self {
+        self.ring = Some(ring.clone());
+        self
+    }
+
+    /// Ring and batching settings for the sender's own ring.
+    pub fn with_uring(mut self, uring: UringConfig) -> Self {
+        self.uring = uring;
+        self
+    }
+
+    /// See [`zerocopy_first_id`](Self::zerocopy_first_id).
+    pub fn with_zerocopy_first_id(mut self, id: u32) -> Self {
+        self.zerocopy_first_id = Some(id);
+        self
     }
 }
 
 /// What [`Sender::close`] gives back.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct Closed<B> {
     /// Buffers released while closing (and any not yet reaped).
     pub released: Vec<Released<B>>,
@@ -154,7 +172,7 @@ impl<B: SendBuf> Sender<B> {
         let sock = Socket::new(fd.into())?;
         if cfg.ring.is_some() && !matches!(kind, EngineKind::Uring | EngineKind::UringZc) {
             return Err(Error::Unsupported {
-                feature: format!("a shared io_uring with the {kind} engine"),
+                feature: Feature::SharedRing(kind),
                 reason: "only the uring and uring-zc engines submit through a ring".into(),
             });
         }
@@ -190,6 +208,16 @@ impl<B: SendBuf> Sender<B> {
             source,
         })?;
         Self::new(stream, kind)
+    }
+
+    /// Connects an `AF_VSOCK` stream socket to `addr` and makes a sender over it.
+    pub fn connect_vsock(addr: VsockAddr, kind: EngineKind) -> Result<Self, Error> {
+        let io = |context| move |source| Error::Io { context, source };
+        let sock = socket2::Socket::new(socket2::Domain::VSOCK, socket2::Type::STREAM, None)
+            .map_err(io("socket(AF_VSOCK): is a vsock transport loaded?"))?;
+        sock.connect(&addr.into())
+            .map_err(io("connect(2) to the vsock peer"))?;
+        Self::new(sock, kind)
     }
 
     /// A UDP socket bound to the unspecified address of `addr`'s family and connected to `addr`.
@@ -240,9 +268,14 @@ impl<B: SendBuf> Sender<B> {
         self.submit(buf, None)
     }
 
-    /// As [`try_send`](Self::try_send), to `dest` (datagram sockets).
-    pub fn try_send_to(&mut self, buf: B, dest: impl Into<SockAddr>) -> Result<(), SendError<B>> {
-        self.submit(buf, Some(dest.into()))
+    /// As [`try_send`](Self::try_send), to `dest` (datagram sockets): a `SocketAddr` or a
+    /// [`VsockAddr`].
+    pub fn try_send_to(
+        &mut self,
+        buf: B,
+        dest: impl Into<Destination>,
+    ) -> Result<(), SendError<B>> {
+        self.submit(buf, Some(dest.into().into()))
     }
 
     fn submit(&mut self, buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {
@@ -355,9 +388,10 @@ impl<B: SendBuf> Sender<B> {
         self.send_blocking(buf, None)
     }
 
-    /// As [`send`](Self::send), to `dest` (datagram sockets).
-    pub fn send_to(&mut self, buf: B, dest: impl Into<SockAddr>) -> Result<(), SendError<B>> {
-        self.send_blocking(buf, Some(dest.into()))
+    /// As [`send`](Self::send), to `dest` (datagram sockets): a `SocketAddr` or a
+    /// [`VsockAddr`].
+    pub fn send_to(&mut self, buf: B, dest: impl Into<Destination>) -> Result<(), SendError<B>> {
+        self.send_blocking(buf, Some(dest.into().into()))
     }
 
     fn send_blocking(&mut self, mut buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {

@@ -3,11 +3,12 @@
 use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use crate::error::Error;
+use crate::error::{Error, Feature};
 use crate::sys;
 
 /// Address family of a socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Family {
     /// `AF_INET`.
     Inet4,
@@ -25,6 +26,7 @@ pub enum Family {
 
 /// Socket type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SockType {
     /// `SOCK_STREAM`: bytes in order; a send may be short.
     Stream,
@@ -161,14 +163,14 @@ impl Socket {
         let kind = SockKind::from_raw(info.domain, info.ty, info.protocol);
         if !kind.is_known() {
             return Err(Error::Unsupported {
-                feature: format!("sending on a {kind} socket"),
+                feature: Feature::Socket(kind),
                 reason: "zerotx sends on TCP, UDP, RAW, AF_UNIX, AF_VSOCK and AF_PACKET sockets"
                     .into(),
             });
         }
         if kind.family == Family::Vsock && kind.ty == SockType::Seqpacket {
             return Err(Error::Unsupported {
-                feature: "sending on a vsock-seqpacket socket".into(),
+                feature: Feature::Socket(kind),
                 reason: "a non-blocking vsock SOCK_SEQPACKET send can answer EAGAIN after part of \
                          the message was queued, so a retry would send its start twice; use a \
                          vsock stream socket"
@@ -207,12 +209,12 @@ impl Socket {
     pub(crate) fn enable_zerocopy(&self, first_id: Option<u32>) -> Result<u32, Error> {
         let already = sys::zerocopy_enabled(self.fd()).unwrap_or(false);
         if already && first_id.is_none() {
-            return Err(Error::Unsupported {
-                feature: format!(
+            return Err(Error::Config {
+                problem: format!(
                     "a msg-zc sender on a {} socket that already has SO_ZEROCOPY",
                     self.kind
                 ),
-                reason: "earlier MSG_ZEROCOPY sends may have moved the kernel's id counter, and \
+                fix: "earlier MSG_ZEROCOPY sends may have moved the kernel's id counter, and \
                          counting from 0 would release buffers early; give a fresh socket, or set \
                          SenderConfig::zerocopy_first_id to the id its next zero-copy send takes \
                          (0 for a socket accepted from a listener with SO_ZEROCOPY set)"
@@ -226,7 +228,7 @@ impl Socket {
     fn set_zerocopy(&self) -> Result<(), Error> {
         sys::enable_zerocopy(self.fd()).map_err(|e| match e.raw_os_error() {
             Some(libc::ENOPROTOOPT | libc::EOPNOTSUPP | sys::ENOTSUPP) => Error::Unsupported {
-                feature: format!("MSG_ZEROCOPY on {} sockets", self.kind),
+                feature: Feature::MsgZerocopy(self.kind),
                 reason: format!(
                     "setsockopt(SO_ZEROCOPY) answered {e}; use the copy engine (this kernel \
                      offers zero-copy on TCP, UDP and, with a vhost/virtio transport, vsock)"

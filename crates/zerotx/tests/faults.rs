@@ -530,7 +530,7 @@ fn a_socket_that_already_sent_zero_copy_is_refused_unless_told_its_next_id() {
     }
     let err = Sender::<Vec<u8>>::new(client.try_clone().unwrap(), EngineKind::MsgZerocopy)
         .expect_err("a socket with SO_ZEROCOPY already set must be refused");
-    assert!(matches!(err, Error::Unsupported { .. }), "{err}");
+    assert!(matches!(err, Error::Config { .. }), "{err}");
     assert!(err.to_string().contains("zerocopy_first_id"), "{err}");
 
     // Wait for the three completions, so `head` may go; then hand the socket over, telling it.
@@ -554,18 +554,15 @@ fn a_socket_that_already_sent_zero_copy_is_refused_unless_told_its_next_id() {
             continue;
         }
         let mut msgs = Vec::new();
-        zerotx::cmsg::decode(&control[..msg.msg_controllen], &mut msgs).unwrap();
+        zerotx::internals::cmsg::decode(&control[..msg.msg_controllen], &mut msgs).unwrap();
         for m in msgs {
-            if let zerotx::cmsg::ErrQueueMsg::Zerocopy(r) = m {
+            if let zerotx::internals::cmsg::ErrQueueMsg::Zerocopy(r) = m {
                 done += r.count();
             }
         }
     }
     drop(head);
-    let cfg = SenderConfig {
-        zerocopy_first_id: Some(3),
-        ..SenderConfig::new(EngineKind::MsgZerocopy)
-    };
+    let cfg = SenderConfig::new(EngineKind::MsgZerocopy).with_zerocopy_first_id(3);
     let mut tx = Sender::with_config(client, cfg).unwrap();
     let mut offset = first as u64;
     for _ in 0..64 {

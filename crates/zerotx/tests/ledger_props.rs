@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use zerotx::cmsg::ZcRange;
-use zerotx::ledger::{Ledger, SlotId};
+use zerotx::internals::cmsg::ZcRange;
+use zerotx::internals::ledger::{Ledger, SlotId};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -44,7 +44,7 @@ proptest! {
         let mut released: BTreeMap<usize, bool> = BTreeMap::new();
         let mut slots: Vec<SlotId> = Vec::new();
         let mut out = Vec::new();
-        let check = |out: &mut Vec<zerotx::ledger::Settled<usize>>,
+        let check = |out: &mut Vec<zerotx::internals::ledger::Settled<usize>>,
                          released: &mut BTreeMap<usize, bool>,
                          in_flight: &BTreeSet<u64>,
                          owner: &BTreeMap<u64, usize>,
@@ -146,7 +146,7 @@ fn cmsg_decode_never_panics_on_short_or_garbage_input() {
         for fill in [0u8, 0xff, 0x10] {
             let buf = vec![fill; len];
             out.clear();
-            let _ = zerotx::cmsg::decode(&buf, &mut out);
+            let _ = zerotx::internals::cmsg::decode(&buf, &mut out);
         }
     }
 }

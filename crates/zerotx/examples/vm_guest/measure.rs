@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, SockAddr, Socket, Type};
-use zerotx::cmsg::{self, ErrQueueMsg, ZcRange};
+use zerotx::internals::cmsg::{self, ErrQueueMsg, ZcRange};
 use zerotx::BufPool;
 use zerotx_testbed as testbed;
 

@@ -35,6 +35,7 @@ use crate::socket::Socket;
 
 /// Which engine a sender uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EngineKind {
     /// Plain `sendmsg(2)`: the kernel copies.
     Copy,
@@ -132,12 +133,7 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     }
 
     /// Registers a pool's memory so its buffers send without per-send page pinning.
-    fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {
-        Err(Error::Unsupported {
-            feature: "registered buffers".into(),
-            reason: "only the io_uring engines (uring-zc) send from registered memory".into(),
-        })
-    }
+    fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error>;
 
     /// Gives up: a partly sent head is ended with an error and released once the kernel is done
     /// with it (into `out`, with anything else ready); returns the buffers the kernel may still

@@ -69,9 +69,9 @@ pub(crate) struct RingCore {
 impl RingCore {
     fn new(cfg: UringConfig) -> Result<Self, Error> {
         if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 {
-            return Err(Error::Unsupported {
-                feature: "an io_uring config with zero entries, batch or queue limit".into(),
-                reason: "give each at least 1".into(),
+            return Err(Error::Config {
+                problem: format!("UringConfig {cfg:?} has a zero entries, batch or queue limit"),
+                fix: "give each at least 1".into(),
             });
         }
         let ring = IoUring::builder()
@@ -112,9 +112,9 @@ impl RingCore {
                 self.next_owner - 1
             }
             None => {
-                return Err(Error::Unsupported {
-                    feature: "more than 65535 senders at once on one ring".into(),
-                    reason: "make another UringShared".into(),
+                return Err(Error::Config {
+                    problem: "more than 65535 senders at once on one ring".into(),
+                    fix: "make another UringShared".into(),
                 })
             }
         };
@@ -307,17 +307,17 @@ impl RingCore {
             if p.region_id() == pool.region_id() {
                 return Ok(());
             }
-            return Err(Error::Unsupported {
-                feature: "registering a second pool".into(),
-                reason: "a ring registers one BufPool; draw every buffer from it".into(),
+            return Err(Error::Config {
+                problem: "a second BufPool registered with one ring".into(),
+                fix: "a ring registers one BufPool; draw every buffer from it".into(),
             });
         }
         let (base, len) = pool.region();
         if len > MAX_REGISTERED {
-            return Err(Error::Unsupported {
-                feature: format!("registering a BufPool of {} MiB", len >> 20),
-                reason: "io_uring registers at most 1 GiB per buffer (IORING_REGISTER_BUFFERS \
-                         answers EFAULT above it); use pools of at most 1 GiB"
+            return Err(Error::Config {
+                problem: format!("registering a BufPool of {} MiB", len >> 20),
+                fix: "io_uring registers at most 1 GiB per buffer (IORING_REGISTER_BUFFERS \
+                      answers EFAULT above it); use pools of at most 1 GiB"
                     .into(),
             });
         }

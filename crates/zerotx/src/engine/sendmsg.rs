@@ -49,12 +49,12 @@ use std::io::{self, IoSlice};
 
 use socket2::SockAddr;
 
-use crate::buf::SendBuf;
+use crate::buf::{BufPool, SendBuf};
 use crate::cmsg::{self, ErrQueueMsg};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::Engine;
-use crate::error::SendError;
+use crate::engine::{Engine, EngineKind};
+use crate::error::{Error, Feature, SendError};
 use crate::ledger::{Ledger, Settled, SlotId};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::{Family, Socket};
@@ -437,6 +437,18 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
 
     fn stats(&self) -> Stats {
         self.stats
+    }
+
+    fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {
+        let engine = if self.zerocopy {
+            EngineKind::MsgZerocopy
+        } else {
+            EngineKind::Copy
+        };
+        Err(Error::Unsupported {
+            feature: Feature::RegisteredBuffers(engine),
+            reason: "only io_uring sends from registered memory: use the uring-zc engine".into(),
+        })
     }
 
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {

@@ -49,14 +49,16 @@ use super::ring::{self, Cqe, RingCore, UringShared};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::Engine;
-use crate::error::{Error, SendError};
+use crate::engine::{Engine, EngineKind};
+use crate::error::{Error, Feature, SendError};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
 use crate::sys::uring as sysu;
 
-/// Ring and batching settings for the io_uring engines.
+/// Ring and batching settings for the io_uring engines: `UringConfig::default()`, then the
+/// `with_` methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UringConfig {
     /// Submission queue entries (the CQ gets twice as many).
     pub entries: u32,
@@ -64,6 +66,26 @@ pub struct UringConfig {
     pub batch: usize,
     /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
     pub queue_limit: usize,
+}
+
+impl UringConfig {
+    /// Submission queue entries.
+    pub fn with_entries(mut self, entries: u32) -> Self {
+        self.entries = entries;
+        self
+    }
+
+    /// Buffers per stream request, and requests queued before an `io_uring_enter`.
+    pub fn with_batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
+    pub fn with_queue_limit(mut self, queue_limit: usize) -> Self {
+        self.queue_limit = queue_limit;
+        self
+    }
 }
 
 impl Default for UringConfig {
@@ -174,7 +196,11 @@ impl<B: SendBuf> UringEngine<B> {
         shared: Option<&UringShared>,
     ) -> Result<Self, Error> {
         let unsupported = |reason: String| Error::Unsupported {
-            feature: if zc { "io_uring SEND_ZC" } else { "io_uring" }.into(),
+            feature: if zc {
+                Feature::UringZerocopy(sock.kind)
+            } else {
+                Feature::IoUring
+            },
             reason,
         };
         let probe = sysu::probe().map_err(|e| {
@@ -617,7 +643,7 @@ impl<B: SendBuf> UringEngine<B> {
     pub(crate) fn register(&mut self, pool: &BufPool) -> Result<(), Error> {
         if !self.zc {
             return Err(Error::Unsupported {
-                feature: "registered buffers with the uring engine".into(),
+                feature: Feature::RegisteredBuffers(EngineKind::Uring),
                 reason: "plain io_uring sends copy anyway; use uring-zc to send from registered \
                          memory"
                     .into(),
