@@ -33,6 +33,8 @@
 
 use std::collections::VecDeque;
 
+use slab::Slab;
+
 use crate::cmsg::ZcRange;
 
 /// Identifies an item in the ledger.
@@ -95,8 +97,7 @@ struct Held<T> {
 /// See the module docs.
 #[derive(Debug)]
 pub struct Ledger<T> {
-    slots: Vec<Option<Held<T>>>,
-    free: Vec<usize>,
+    slots: Slab<Held<T>>,
     window: VecDeque<Entry>,
     base: u32,
     held: usize,
@@ -110,8 +111,7 @@ impl<T> Ledger<T> {
     /// A ledger whose first send will take `first_id` (0 on a fresh socket).
     pub fn new(first_id: u32) -> Self {
         Self {
-            slots: Vec::new(),
-            free: Vec::new(),
+            slots: Slab::new(),
             window: VecDeque::new(),
             base: first_id,
             held: 0,
@@ -151,21 +151,12 @@ impl<T> Ledger<T> {
             copied: false,
         };
         self.held += 1;
-        match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = Some(held);
-                SlotId(i)
-            }
-            None => {
-                self.slots.push(Some(held));
-                SlotId(self.slots.len() - 1)
-            }
-        }
+        SlotId(self.slots.insert(held))
     }
 
     fn held_mut(&mut self, slot: SlotId) -> &mut Held<T> {
-        self.slots[slot.0]
-            .as_mut()
+        self.slots
+            .get_mut(slot.0)
             .expect("ledger slot used after it was settled")
     }
 
@@ -176,8 +167,8 @@ impl<T> Ledger<T> {
 
     /// The item in `slot`.
     pub fn item(&self, slot: SlotId) -> &T {
-        &self.slots[slot.0]
-            .as_ref()
+        &self.slots
+            .get(slot.0)
             .expect("ledger slot used after it was settled")
             .item
     }
@@ -238,8 +229,7 @@ impl<T> Ledger<T> {
     }
 
     fn take(&mut self, i: usize) -> Settled<T> {
-        let held = self.slots[i].take().expect("slot settled twice");
-        self.free.push(i);
+        let held = self.slots.try_remove(i).expect("slot settled twice");
         self.held -= 1;
         Settled {
             item: held.item,
@@ -282,8 +272,9 @@ impl<T> Ledger<T> {
                 continue;
             };
             self.pending -= 1;
-            let held = self.slots[slot]
-                .as_mut()
+            let held = self
+                .slots
+                .get_mut(slot)
                 .expect("window points at a free slot");
             held.pending -= 1;
             held.copied |= range.copied;
@@ -302,11 +293,10 @@ impl<T> Ledger<T> {
     /// (it leaks them so the kernel may keep reading). Ids in flight are forgotten.
     pub fn take_all(&mut self) -> Vec<T> {
         self.window.clear();
-        self.free.clear();
         self.held = 0;
         self.pending = 0;
         self.unowned = 0;
-        self.slots.drain(..).flatten().map(|h| h.item).collect()
+        self.slots.drain().map(|h| h.item).collect()
     }
 }
 
