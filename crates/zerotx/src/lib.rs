@@ -39,6 +39,20 @@
 //! - A COPIED completion (loopback always copies) is a statistic ([`CopyReason::Kernel`]), not an
 //!   error.
 //!
+//! ## Where each piece lives
+//! | file | what |
+//! |---|---|
+//! | `sender.rs` | [`Sender`]: input checks, one queue of released buffers, blocking on top of the non-blocking core |
+//! | `engine/sendmsg.rs` | the `copy` and `msg-zc` engines, with each protocol's id rules |
+//! | `engine/uring.rs`, `engine/ring.rs` | the `uring` and `uring-zc` engines; one ring shared by many senders |
+//! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
+//! | `engine/policy.rs` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure |
+//! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
+//! | `cmsg.rs` | the error-queue decoder |
+//! | `sys/` | every system call and kernel ABI (`sys/uring.rs`: io_uring) |
+//! | `buf/` | [`SendBuf`] (the buffer rule) and [`BufPool`] |
+//! | `probe.rs` | [`probe()`]: what this host supports and what to tune |
+//!
 //! ## Why some things are ours
 //! The libc calls go through a small `sys` module over `libc` (and `socket2` for addresses);
 //! the id ledger, the error-queue decoder, the page-aligned pool and the engines exist in no crate
