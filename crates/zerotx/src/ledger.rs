@@ -167,7 +167,8 @@ impl<T> Ledger<T> {
 
     /// The item in `slot`.
     pub fn item(&self, slot: SlotId) -> &T {
-        &self.slots
+        &self
+            .slots
             .get(slot.0)
             .expect("ledger slot used after it was settled")
             .item

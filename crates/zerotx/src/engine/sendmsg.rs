@@ -45,7 +45,7 @@
 //!   leave a gap in the byte stream, so every later send fails with the same error (the io_uring
 //!   engine follows the same rule).
 
-use std::io::{self, IoSlice};
+use std::io;
 
 use socket2::SockAddr;
 
@@ -161,12 +161,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             };
             let flags = if zc { sys::MSG_ZEROCOPY } else { 0 };
             self.stats.syscalls += 1;
-            match sys::sendmsg(
-                sock.fd(),
-                &[IoSlice::new(&rest[..len])],
-                rec.dest.as_deref(),
-                flags,
-            ) {
+            match sys::send_to(sock.fd(), &rest[..len], rec.dest.as_deref(), flags) {
                 Ok(n) => {
                     let short_vsock = self.rule == IdRule::Vsock && n < len;
                     if zc && short_vsock {
