@@ -1,33 +1,28 @@
-//! The `zerotx` command. Parsing lives in `cli`, each command in its own module.
+//! The `zerotx` command, laid out like hyperfine so each piece has its own file:
+//! `options` (every flag, checked into typed options) -> `bench` (topologies, scheduler, runner,
+//! engines) -> `export` (one exporter per format); `probe` prints what the host supports.
+#![deny(unsafe_code)]
 
 mod bench;
-mod cli;
 mod export;
+mod options;
 mod probe;
 
-use anyhow::Context;
 use clap::Parser;
 
 fn run() -> anyhow::Result<()> {
-    match cli::Cli::parse().command {
-        cli::Command::Probe { json } => probe::run(json),
-        cli::Command::Bench(args) => run_bench(args),
+    match options::Cli::parse().command {
+        options::Command::Probe { json } => probe::run(json),
+        options::Command::Bench(args) => {
+            let opts = args.check()?;
+            let report = bench::run(&opts)?;
+            export::print(&report, opts.stdout)?;
+            for (format, path) in &opts.exports {
+                export::write(&report, *format, path)?;
+            }
+            Ok(())
+        }
     }
-}
-
-fn run_bench(args: cli::BenchArgs) -> anyhow::Result<()> {
-    let opts = args.check()?;
-    let report = bench::run(&opts)?;
-    match opts.format {
-        bench::Format::Table => print!("{}", export::table::render(&report)),
-        bench::Format::Json => println!("{}", export::json::render(&report)?),
-        bench::Format::Csv => print!("{}", export::csv::render(&report)?),
-    }
-    if let Some(path) = &opts.plot {
-        export::svg::write(&report, path)
-            .with_context(|| format!("drawing the plot into {}", path.display()))?;
-    }
-    Ok(())
 }
 
 fn main() {

@@ -202,6 +202,10 @@ fn bench_bad_flags_name_the_problem() {
         ),
         (&["--duration=-1"][..], "invalid --duration"),
         (&["--vsock", "nope"][..], "expected CID:PORT"),
+        (
+            &["--engines", "liburing-zc-fixed"][..],
+            "needs --liburing PATH",
+        ),
     ] {
         zerotx()
             .arg("bench")
@@ -211,4 +215,73 @@ fn bench_bad_flags_name_the_problem() {
             .stderr(predicate::str::starts_with("Error: "))
             .stderr(predicate::str::contains(msg));
     }
+}
+
+#[test]
+fn bench_baselines_run_beside_zerotx_and_export_markdown() {
+    if !is_root() {
+        assert!(!strict(), "ZEROTX_STRICT=1 and the bench test needs root");
+    }
+    let md = std::env::temp_dir().join(format!("zerotx-bench-{}.md", std::process::id()));
+    let out = zerotx()
+        .args([
+            "bench",
+            "--duration",
+            "0.05",
+            "--repeat",
+            "1",
+            "--sizes",
+            "4K",
+            "--engines",
+            "copy,msg-zc,uring-zc-fixed",
+            "--baselines",
+            "--json",
+            "--export-markdown",
+        ])
+        .arg(&md)
+        .assert()
+        .success();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let by_engine = |cells: &Vec<serde_json::Value>, e: &str| {
+        cells
+            .iter()
+            .find(|c| c["engine"] == e)
+            .unwrap_or_else(|| panic!("{e} missing"))
+            .clone()
+    };
+    let tcp = cells(&v, "tcp-loopback").unwrap();
+    assert_eq!(
+        tcp.len(),
+        6,
+        "one size, three zerotx engines, three baselines"
+    );
+    let raw_copy = by_engine(tcp, "raw-copy");
+    assert!(raw_copy["error"].is_null(), "{}", raw_copy["error"]);
+    assert!(raw_copy["engine_copied"].as_u64().unwrap() > 0);
+    let raw_zc = by_engine(tcp, "raw-msg-zc");
+    assert!(raw_zc["error"].is_null(), "{}", raw_zc["error"]);
+    assert!(
+        raw_zc["kernel_copied"].as_u64().unwrap() > 0,
+        "loopback copies"
+    );
+    let raw_uring = by_engine(tcp, "raw-uring-zc-fixed");
+    assert!(raw_uring["error"]
+        .as_str()
+        .unwrap()
+        .contains("datagram sockets only"));
+    if let Some(udp) = cells(&v, "udp-blackhole") {
+        for e in ["raw-copy", "raw-msg-zc", "raw-uring-zc-fixed"] {
+            let c = by_engine(udp, e);
+            assert!(c["error"].is_null(), "{e}: {}", c["error"]);
+            assert!(c["mb_s"]["median"].as_f64().unwrap() > 0.0, "{e}");
+            assert_eq!(c["kernel_copied"], 0, "{e}: the black hole never copies");
+            if e != "raw-copy" {
+                assert!(c["zerocopy"].as_u64().unwrap() > 0, "{e}");
+            }
+        }
+    }
+    let md_text = std::fs::read_to_string(&md).unwrap();
+    std::fs::remove_file(&md).unwrap();
+    assert!(md_text.contains("### tcp-loopback"), "{md_text}");
+    assert!(md_text.contains("| copy / raw-copy |"), "{md_text}");
 }

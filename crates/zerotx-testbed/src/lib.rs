@@ -183,6 +183,17 @@ pub fn process_cpu_time() -> Duration {
     tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
+/// `getrusage(RUSAGE_CHILDREN)`: user + system CPU time of the child processes that ended and
+/// were waited for (a benchmark's baseline programs run as children).
+pub fn children_cpu_time() -> Duration {
+    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { mem::zeroed() };
+    // Cannot fail for RUSAGE_CHILDREN with a valid pointer.
+    let _ = syscall!(getrusage(libc::RUSAGE_CHILDREN, &mut ru));
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
 /// The size in bytes of CPU 0's L2 cache, from sysfs.
 pub fn l2_cache_bytes() -> Option<usize> {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size").ok()?;

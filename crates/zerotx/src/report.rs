@@ -41,7 +41,7 @@ pub struct Report {
     pub bytes: usize,
     /// How they left.
     pub path: SendPath,
-    /// From the send call that accepted the buffer to its release, for one send in 64 (a clock
+    /// From the send call that accepted the buffer to its release, for one send in 61 (a clock
     /// read per send would cost a few percent of a small send); `None` for the others.
     pub latency: Option<Duration>,
     /// Set when the send stopped part way (a stream socket reset after a short write).

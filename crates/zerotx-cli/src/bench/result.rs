@@ -2,6 +2,14 @@
 
 use serde::Serialize;
 
+/// Each zerotx engine and the minimal sender it is judged against (issue 8's acceptance).
+pub const BASELINE_PAIRS: [(&str, &str); 4] = [
+    ("copy", "raw-copy"),
+    ("msg-zc", "raw-msg-zc"),
+    ("uring-zc-fixed", "raw-uring-zc-fixed"),
+    ("uring-zc-fixed", "liburing-zc-fixed"),
+];
+
 /// One timed run of one cell.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Run {
@@ -23,10 +31,11 @@ pub struct Run {
     pub fallbacks: u64,
     /// ENOBUFS answers.
     pub enobufs: u64,
-    /// Completion latency (send to release), 50th percentile, microseconds.
-    pub p50_us: f64,
+    /// Release latency (send to release), 50th percentile of the sampled releases,
+    /// microseconds; `None` when the engine reports none (an outside program).
+    pub p50_us: Option<f64>,
     /// 99th percentile, microseconds.
-    pub p99_us: f64,
+    pub p99_us: Option<f64>,
 }
 
 impl Run {
@@ -75,7 +84,7 @@ impl Spread {
 /// One engine at one size in one topology, over every repetition.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Cell {
-    /// Engine name (`copy`, `msg-zc`, `uring`, `uring-zc`, `uring-zc-fixed`).
+    /// Engine name (`copy`, `msg-zc`, ..., `raw-copy`, ..., `liburing-zc-fixed`).
     pub engine: String,
     /// Bytes per send.
     pub size: usize,
@@ -85,10 +94,10 @@ pub struct Cell {
     pub sends_s: f64,
     /// Sender CPU seconds per GB sent (median).
     pub cpu_s_per_gb: f64,
-    /// Release latency p50, microseconds (median over runs).
-    pub p50_us: f64,
-    /// Release latency p99, microseconds (median over runs).
-    pub p99_us: f64,
+    /// Release latency p50, microseconds (median over runs that sampled any).
+    pub p50_us: Option<f64>,
+    /// Release latency p99, microseconds (median over runs that sampled any).
+    pub p99_us: Option<f64>,
     /// Totals over runs.
     pub zerocopy: u64,
     /// Totals over runs.
@@ -110,14 +119,18 @@ impl Cell {
     pub fn summarise(engine: &str, size: usize, runs: Vec<Run>, error: Option<String>) -> Self {
         let med = |f: &dyn Fn(&Run) -> f64| Spread::of(runs.iter().map(f).collect()).median;
         let sum = |f: &dyn Fn(&Run) -> u64| runs.iter().map(f).sum();
+        let med_opt = |f: &dyn Fn(&Run) -> Option<f64>| {
+            let v: Vec<f64> = runs.iter().filter_map(f).collect();
+            (!v.is_empty()).then(|| Spread::of(v).median)
+        };
         Self {
             engine: engine.to_string(),
             size,
             mb_s: Spread::of(runs.iter().map(Run::mb_s).collect()),
             sends_s: med(&|r| r.sends as f64 / r.seconds.max(1e-9)),
             cpu_s_per_gb: med(&|r| r.cpu_seconds / (r.bytes as f64 / 1e9).max(1e-12)),
-            p50_us: med(&|r| r.p50_us),
-            p99_us: med(&|r| r.p99_us),
+            p50_us: med_opt(&|r| r.p50_us),
+            p99_us: med_opt(&|r| r.p99_us),
             zerocopy: sum(&|r| r.zerocopy),
             kernel_copied: sum(&|r| r.kernel_copied),
             engine_copied: sum(&|r| r.engine_copied),
@@ -137,7 +150,7 @@ impl Cell {
 
 /// One topology's results.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Topology {
+pub struct TopologyResult {
     /// `tcp-loopback`, `udp-blackhole`, `vsock`.
     pub name: String,
     /// What the topology is, in a few words.
@@ -152,12 +165,37 @@ pub struct Topology {
     pub cells: Vec<Cell>,
 }
 
-impl Topology {
+impl TopologyResult {
     /// The cell for `engine` at `size`.
     pub fn cell(&self, engine: &str, size: usize) -> Option<&Cell> {
         self.cells
             .iter()
             .find(|c| c.engine == engine && c.size == size)
+    }
+
+    /// Median throughput of a cell that ran without error.
+    pub fn mb_s(&self, engine: &str, size: usize) -> Option<f64> {
+        self.cell(engine, size)
+            .filter(|c| c.error.is_none() && !c.runs.is_empty())
+            .map(|c| c.mb_s.median)
+    }
+
+    /// `a`'s median throughput over `b`'s at `size`, when both ran.
+    pub fn ratio(&self, a: &str, b: &str, size: usize) -> Option<f64> {
+        match (self.mb_s(a, size), self.mb_s(b, size)) {
+            (Some(x), Some(y)) if y > 0.0 => Some(x / y),
+            _ => None,
+        }
+    }
+
+    /// The (zerotx engine, baseline) pairs of [`BASELINE_PAIRS`] that both have a column here.
+    pub fn baseline_pairs(&self) -> Vec<(&'static str, &'static str)> {
+        let has = |e: &str| self.engines.iter().any(|x| x == e);
+        BASELINE_PAIRS
+            .iter()
+            .copied()
+            .filter(|(z, b)| has(z) && has(b))
+            .collect()
     }
 }
 
@@ -177,7 +215,7 @@ pub struct Report {
     /// Bytes of the buffer ring each run cycles through.
     pub ring_bytes: usize,
     /// Per topology.
-    pub topologies: Vec<Topology>,
+    pub topologies: Vec<TopologyResult>,
 }
 
 #[cfg(test)]

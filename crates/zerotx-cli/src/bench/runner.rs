@@ -1,94 +1,41 @@
-//! The benchmark method: how one run of one cell is measured, and the topologies it runs in.
+//! The benchmark method: how one run of one cell is timed, the same for every engine.
 //!
-//! - Buffers come from a ring of pooled, page-aligned blocks much larger than the L2 cache, taken
-//!   in FIFO order, so every send reads memory that is not hot (a single hot buffer flatters the
-//!   copy path). Blocks are filled once; their content does not matter to the kernel.
-//! - The sender fills the pipe with blocking sends and reaps releases every [`REAP_EVERY`] sends
-//!   (and whenever the ring runs dry), the way a real zero-copy sender amortises
-//!   `recvmsg(MSG_ERRQUEUE)`. Release latency therefore has a resolution of that many sends.
+//! - Buffers come from a ring of pooled, page-aligned blocks much larger than the L2 cache
+//!   ([`buffer_ring`]), taken in FIFO order, so every send reads memory that is not hot (a single
+//!   hot buffer flatters the copy path). Blocks are filled once; their content does not matter.
+//! - One loop ([`measure`]) drives every engine through the [`Driver`] trait, zerotx's and the raw
+//!   baselines alike, so the harness does the same work per send for each: a clock read, a send,
+//!   and every [`REAP_EVERY`] sends a non-blocking reap (the way a real zero-copy sender amortises
+//!   `recvmsg(MSG_ERRQUEUE)`); when no buffer is free, a wait for a release.
+//! - A buffer is reused only after its engine released it (the kernel is done with it).
 //! - Time runs from the first send to the release of the last buffer (a flush), so a zero-copy
 //!   engine cannot look fast by leaving work in flight.
-//! - Sender CPU is the process's CPU (`getrusage`, which counts io_uring's worker threads) minus
-//!   the sink thread's own (`CLOCK_THREAD_CPUTIME_ID`): no hardware counters are needed.
-//! - The sender and the sink are pinned to different CPUs when there are two.
+//! - Release latency is sampled, one release in [`SAMPLE_EVERY`], into a vector sized up front:
+//!   the harness keeps no per-send record of its own.
+//! - Sender CPU is the process's CPU (`getrusage`, which counts io_uring's worker threads); the
+//!   caller subtracts a local sink's.
 
-use std::collections::VecDeque;
-use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use serde::Serialize;
-use zerotx::{BufPool, EngineKind, PoolBufMut, PooledBuf, Released, Sender, SenderConfig};
+use anyhow::Context;
+use zerotx::BufPool;
 use zerotx_testbed as testbed;
 
 use super::result::Run;
 
-/// Sends between two reaps.
+/// Sends between two non-blocking reaps.
 pub const REAP_EVERY: u64 = 32;
 
-/// The engines as the CLI and scripts name them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub enum BenchEngine {
-    /// `copy`
-    Copy,
-    /// `msg-zc`
-    MsgZc,
-    /// `uring`
-    Uring,
-    /// `uring-zc`
-    UringZc,
-    /// `uring-zc-fixed`: uring-zc from a registered buffer ring.
-    UringZcFixed,
-}
+/// One release in this many has its latency recorded: a prime, so the samples do not alias with
+/// the reap period (a stride of 64 over reaps every 32 sends always picks the same place in a
+/// batch: the freshest release, or the stalest).
+pub const SAMPLE_EVERY: u32 = 61;
 
-impl BenchEngine {
-    pub const ALL: [BenchEngine; 5] = [
-        BenchEngine::Copy,
-        BenchEngine::MsgZc,
-        BenchEngine::Uring,
-        BenchEngine::UringZc,
-        BenchEngine::UringZcFixed,
-    ];
+/// How long one wait for a release may block before the loop looks at the clock again.
+pub const WAIT_SLICE: Duration = Duration::from_millis(200);
 
-    pub fn name(self) -> &'static str {
-        match self {
-            BenchEngine::UringZcFixed => "uring-zc-fixed",
-            other => other.kind().name(),
-        }
-    }
-
-    pub fn kind(self) -> EngineKind {
-        match self {
-            BenchEngine::Copy => EngineKind::Copy,
-            BenchEngine::MsgZc => EngineKind::MsgZerocopy,
-            BenchEngine::Uring => EngineKind::Uring,
-            BenchEngine::UringZc | BenchEngine::UringZcFixed => EngineKind::UringZc,
-        }
-    }
-}
-
-impl FromStr for BenchEngine {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        BenchEngine::ALL
-            .into_iter()
-            .find(|e| e.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = BenchEngine::ALL.iter().map(|e| e.name()).collect();
-                format!(
-                    "unknown engine {s:?}; expected one of: {}",
-                    names.join(", ")
-                )
-            })
-    }
-}
+/// How long the final flush may take.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A ring of at least `ring_bytes` (and 64 blocks) of `size`-byte buffers, filled once.
 pub fn buffer_ring(size: usize, ring_bytes: usize) -> anyhow::Result<BufPool> {
@@ -102,156 +49,254 @@ pub fn buffer_ring(size: usize, ring_bytes: usize) -> anyhow::Result<BufPool> {
     Ok(pool)
 }
 
-fn percentile(sorted: &[u32], p: usize) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
+/// Counts down to the next sample: true once every [`SAMPLE_EVERY`] calls (no division).
+#[derive(Debug, Clone, Copy)]
+pub struct Every(u32);
+
+impl Default for Every {
+    fn default() -> Self {
+        Self(SAMPLE_EVERY)
     }
-    let i = (sorted.len() * p / 100).min(sorted.len() - 1);
-    f64::from(sorted[i]) / 1000.0
 }
 
-/// Sends `size`-byte buffers from `pool` on `sock` through `engine` for `duration`, then waits for
-/// every release. `cpu_seconds` is the whole process's; the caller subtracts the sink's.
-/// `dest` is for unconnected datagram sockets.
-pub fn run_once(
-    sock: OwnedFd,
-    engine: BenchEngine,
-    size: usize,
-    pool: &BufPool,
-    duration: Duration,
-) -> anyhow::Result<Run> {
-    let mut tx: Sender<PooledBuf> = Sender::with_config(sock, SenderConfig::new(engine.kind()))
-        .with_context(|| format!("creating the {} engine", engine.name()))?;
-    if engine == BenchEngine::UringZcFixed {
-        tx.register_pool(pool)
-            .context("registering the buffer ring with io_uring")?;
-    }
-    let mut free: VecDeque<PoolBufMut> = std::iter::from_fn(|| pool.take()).collect();
-    let mut out: Vec<Released<PooledBuf>> = Vec::new();
-    let mut latencies: Vec<u32> = Vec::new();
-    let mut recycle = |out: &mut Vec<Released<PooledBuf>>, free: &mut VecDeque<PoolBufMut>| {
-        for r in out.drain(..) {
-            if let Some(l) = r.report.latency {
-                latencies.push(l.as_nanos().min(u32::MAX as u128) as u32);
-            }
-            if let Some(e) = r.report.error {
-                return Err(anyhow::Error::new(e).context("a send failed part way"));
-            }
-            free.push_back(r.buf.into_mut());
+impl Every {
+    /// Counts one; true when this one is sampled.
+    #[inline]
+    pub fn tick(&mut self) -> bool {
+        self.0 -= 1;
+        if self.0 == 0 {
+            self.0 = SAMPLE_EVERY;
+            true
+        } else {
+            false
         }
-        Ok(())
-    };
+    }
+}
+
+/// Release latencies, sampled.
+#[derive(Debug, Default)]
+pub struct Latencies {
+    ns: Vec<u32>,
+}
+
+impl Latencies {
+    /// Room for a run's samples, so recording never allocates.
+    pub fn new() -> Self {
+        Self {
+            ns: Vec::with_capacity(1 << 16),
+        }
+    }
+
+    /// Records one sampled latency.
+    #[inline]
+    pub fn record(&mut self, latency: Duration) {
+        self.ns
+            .push(latency.as_nanos().min(u32::MAX as u128) as u32);
+    }
+
+    /// p50 and p99 in microseconds, if anything was sampled.
+    pub fn percentiles(mut self) -> (Option<f64>, Option<f64>) {
+        if self.ns.is_empty() {
+            return (None, None);
+        }
+        self.ns.sort_unstable();
+        let at = |p: usize| {
+            let i = (self.ns.len() * p / 100).min(self.ns.len() - 1);
+            Some(f64::from(self.ns[i]) / 1000.0)
+        };
+        (at(50), at(99))
+    }
+}
+
+/// What an engine counted over a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Bytes the kernel accepted.
+    pub bytes: u64,
+    /// Buffers released as sent zero-copy.
+    pub zerocopy: u64,
+    /// Buffers released as copied by the kernel.
+    pub kernel_copied: u64,
+    /// Buffers sent by a copy engine.
+    pub engine_copied: u64,
+    /// Buffers sent by copy after the zero-copy budget ran out.
+    pub fallbacks: u64,
+    /// `ENOBUFS` answers.
+    pub enobufs: u64,
+}
+
+/// One engine over one socket and one buffer ring, as [`measure`] drives it.
+pub trait Driver {
+    /// Sends the next free buffer; `false` when every buffer waits for its release.
+    fn send(&mut self, lat: &mut Latencies) -> anyhow::Result<bool>;
+    /// Without blocking: collects released buffers, which are free again.
+    fn reap(&mut self, lat: &mut Latencies) -> anyhow::Result<()>;
+    /// Blocks until a buffer is released or [`WAIT_SLICE`] passes, and collects releases.
+    fn wait(&mut self, lat: &mut Latencies) -> anyhow::Result<()>;
+    /// Blocks until every buffer is released (at most [`FLUSH_TIMEOUT`]).
+    fn flush(&mut self, lat: &mut Latencies) -> anyhow::Result<()>;
+    /// Counters so far.
+    fn counters(&self) -> Counters;
+    /// Ends the run: fails if the kernel still holds a buffer.
+    fn close(self) -> anyhow::Result<()>;
+}
+
+/// Sends through `driver` for `duration`, then waits for every release. `cpu_seconds` is the
+/// whole process's; the caller subtracts a local sink's.
+pub fn measure<D: Driver>(mut driver: D, duration: Duration) -> anyhow::Result<Run> {
+    let mut lat = Latencies::new();
     let mut sends = 0u64;
     let cpu0 = testbed::process_cpu_time();
     let start = Instant::now();
     while start.elapsed() < duration {
-        if sends % REAP_EVERY == 0 {
-            tx.reap(&mut out).context("reaping completions")?;
-            recycle(&mut out, &mut free)?;
-        }
-        match free.pop_front() {
-            Some(b) => {
-                tx.send(b.freeze(size)).map_err(std::io::Error::from)?;
-                sends += 1;
+        if driver.send(&mut lat)? {
+            sends += 1;
+            if sends % REAP_EVERY == 0 {
+                driver.reap(&mut lat)?;
             }
-            None => {
-                tx.wait_released(&mut out, Some(Duration::from_millis(200)))
-                    .context("waiting for completions")?;
-                recycle(&mut out, &mut free)?;
-            }
+        } else {
+            driver.wait(&mut lat)?;
         }
     }
-    tx.flush(Duration::from_secs(30))
-        .context("waiting for the last completions")?;
-    tx.reap(&mut out)?;
-    recycle(&mut out, &mut free)?;
+    driver.flush(&mut lat)?;
     let seconds = start.elapsed().as_secs_f64();
     let cpu_seconds = (testbed::process_cpu_time() - cpu0).as_secs_f64();
-    let stats = tx.stats();
-    let closed = tx.close(Duration::from_secs(1));
-    if closed.kept > 0 {
-        bail!("{} buffers were still held at close", closed.kept);
-    }
-    latencies.sort_unstable();
+    let c = driver.counters();
+    driver.close()?;
+    let (p50_us, p99_us) = lat.percentiles();
     Ok(Run {
-        bytes: stats.bytes,
+        bytes: c.bytes,
         sends,
         seconds,
         cpu_seconds,
-        zerocopy: stats.zerocopy,
-        kernel_copied: stats.kernel_copied,
-        engine_copied: stats.engine_copied,
-        fallbacks: stats.fallbacks,
-        enobufs: stats.enobufs,
-        p50_us: percentile(&latencies, 50),
-        p99_us: percentile(&latencies, 99),
+        zerocopy: c.zerocopy,
+        kernel_copied: c.kernel_copied,
+        engine_copied: c.engine_copied,
+        fallbacks: c.fallbacks,
+        enobufs: c.enobufs,
+        p50_us,
+        p99_us,
     })
 }
 
-/// A TCP sink on loopback: a pinned thread that reads each connection to its end and reports
-/// bytes and its own CPU time per connection.
-pub struct TcpSink {
-    addr: SocketAddr,
-    results: mpsc::Receiver<(u64, Duration)>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl TcpSink {
-    pub fn start(cpu: Option<usize>) -> anyhow::Result<Self> {
-        let listener =
-            TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("binding the loopback sink")?;
-        let addr = listener.local_addr()?;
-        let (tx, results) = mpsc::channel();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop2 = stop.clone();
-        let thread = std::thread::spawn(move || {
-            if let Some(cpu) = cpu {
-                let _ = testbed::pin_thread(cpu);
-            }
-            let mut buf = vec![0u8; 1 << 20];
-            for conn in listener.incoming() {
-                if stop2.load(Ordering::Relaxed) {
-                    return;
+    /// A driver with `slots` buffers that releases everything on each reap or wait.
+    struct Fake {
+        slots: usize,
+        held: usize,
+        sent: u64,
+        reaps: u64,
+        waits: u64,
+        size: u64,
+        every: Every,
+    }
+
+    impl Fake {
+        fn release(&mut self, lat: &mut Latencies) {
+            for _ in 0..self.held {
+                if self.every.tick() {
+                    lat.record(Duration::from_micros(5));
                 }
-                let Ok(mut s) = conn else { continue };
-                let cpu0 = testbed::thread_cpu_time();
-                let mut bytes = 0u64;
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    bytes += n as u64;
-                }
-                let _ = tx.send((bytes, testbed::thread_cpu_time() - cpu0));
             }
-        });
-        Ok(Self {
-            addr,
-            results,
-            stop,
-            thread: Some(thread),
-        })
-    }
-
-    pub fn connect(&self) -> anyhow::Result<TcpStream> {
-        TcpStream::connect(self.addr).context("connecting to the loopback sink")
-    }
-
-    /// The (bytes, sink CPU) of the connection that just closed.
-    pub fn result(&self) -> anyhow::Result<(u64, Duration)> {
-        self.results
-            .recv_timeout(Duration::from_secs(30))
-            .context("the loopback sink did not report")
-    }
-}
-
-impl Drop for TcpSink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = TcpStream::connect(self.addr);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            self.held = 0;
         }
+    }
+
+    impl Driver for &mut Fake {
+        fn send(&mut self, _: &mut Latencies) -> anyhow::Result<bool> {
+            if self.held == self.slots {
+                return Ok(false);
+            }
+            self.held += 1;
+            self.sent += 1;
+            Ok(true)
+        }
+        fn reap(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+            self.reaps += 1;
+            self.release(lat);
+            Ok(())
+        }
+        fn wait(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+            self.waits += 1;
+            self.release(lat);
+            Ok(())
+        }
+        fn flush(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+            self.release(lat);
+            Ok(())
+        }
+        fn counters(&self) -> Counters {
+            Counters {
+                bytes: self.sent * self.size,
+                ..Counters::default()
+            }
+        }
+        fn close(self) -> anyhow::Result<()> {
+            anyhow::ensure!(self.held == 0, "held at close");
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_loop_reaps_every_32_sends_and_waits_only_when_the_ring_is_empty() {
+        // More slots than REAP_EVERY: the periodic reap keeps buffers flowing, no wait.
+        let mut f = Fake {
+            slots: 64,
+            held: 0,
+            sent: 0,
+            reaps: 0,
+            waits: 0,
+            size: 100,
+            every: Every::default(),
+        };
+        let run = measure(&mut f, Duration::from_millis(20)).unwrap();
+        assert_eq!(run.sends, f.sent);
+        assert_eq!(run.bytes, f.sent * 100);
+        assert_eq!(f.reaps, f.sent / REAP_EVERY);
+        assert_eq!(f.waits, 0);
+        assert_eq!(run.p50_us, Some(5.0));
+        // Fewer slots than REAP_EVERY: the ring runs dry and the loop waits.
+        let mut g = Fake { slots: 8, ..f };
+        g.sent = 0;
+        g.reaps = 0;
+        measure(&mut g, Duration::from_millis(20)).unwrap();
+        // Every 8 sends the ring is dry; one time in four the periodic reap came first.
+        assert!(
+            g.waits >= g.sent / 16,
+            "{} waits, {} sends",
+            g.waits,
+            g.sent
+        );
+        assert_eq!(g.reaps, g.sent / REAP_EVERY);
+    }
+
+    #[test]
+    fn latencies_are_sampled_one_in_61() {
+        let mut l = Latencies::new();
+        let mut every = Every::default();
+        let mut recorded = 0;
+        for i in 0..610u64 {
+            if every.tick() {
+                l.record(Duration::from_micros(i));
+                recorded += 1;
+            }
+        }
+        assert_eq!(recorded, 10);
+        let (p50, p99) = l.percentiles();
+        assert_eq!(p50, Some(365.0));
+        assert_eq!(p99, Some(609.0));
+        assert_eq!(Latencies::new().percentiles(), (None, None));
+    }
+
+    #[test]
+    fn the_buffer_ring_is_bigger_than_the_ring_bytes_and_page_aligned() {
+        let pool = buffer_ring(1472, 1 << 20).unwrap();
+        assert_eq!(pool.block_size(), 4096);
+        assert_eq!(pool.count(), 256);
+        let pool = buffer_ring(65000, 1 << 20).unwrap();
+        assert_eq!(pool.count(), 64, "at least 64 blocks");
     }
 }

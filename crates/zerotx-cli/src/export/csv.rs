@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::Exporter;
 use crate::bench::result::Report;
 
 #[derive(Serialize)]
@@ -19,14 +20,22 @@ struct Row<'a> {
     engine_copied: u64,
     fallbacks: u64,
     enobufs: u64,
-    p50_us: f64,
-    p99_us: f64,
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
     runs: usize,
     error: &'a str,
 }
 
 /// CSV with a header row.
-pub fn render(report: &Report) -> anyhow::Result<String> {
+pub struct Csv;
+
+impl Exporter for Csv {
+    fn render(&self, report: &Report) -> anyhow::Result<Vec<u8>> {
+        render(report)
+    }
+}
+
+fn render(report: &Report) -> anyhow::Result<Vec<u8>> {
     let mut w = csv::Writer::from_writer(Vec::new());
     for t in &report.topologies {
         for c in &t.cells {
@@ -51,5 +60,35 @@ pub fn render(report: &Report) -> anyhow::Result<String> {
             })?;
         }
     }
-    Ok(String::from_utf8(w.into_inner()?)?)
+    Ok(w.into_inner()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::sample;
+
+    #[test]
+    fn a_header_then_a_row_per_cell_with_its_error() {
+        let csv = String::from_utf8(Csv.render(&sample::report()).unwrap()).unwrap();
+        let lines: Vec<_> = csv.lines().collect();
+        assert!(lines[0].starts_with("topology,engine,size,mb_s_median"));
+        assert_eq!(lines.len(), 1 + 4);
+        assert!(
+            lines[1].starts_with("udp-blackhole,copy,1472,500"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[4].ends_with("engine unavailable"));
+    }
+
+    #[test]
+    fn missing_latency_is_an_empty_field() {
+        let csv = String::from_utf8(Csv.render(&sample::with_baselines()).unwrap()).unwrap();
+        let lib = csv
+            .lines()
+            .find(|l| l.contains("liburing-zc-fixed"))
+            .unwrap();
+        assert!(lib.contains(",,,1,"), "{lib}");
+    }
 }

@@ -1,9 +1,71 @@
-//! Exporters: each renders the one [`Report`](crate::bench::result::Report) type.
+//! Exporters: each renders the one [`Report`] type in one format, behind one [`Exporter`] trait,
+//! one file per format (hyperfine's layout): `table` for people, `markdown`, `csv`, `json`, and
+//! `svg` (the plot).
 
 pub mod csv;
 pub mod json;
+pub mod markdown;
 pub mod svg;
 pub mod table;
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::bench::result::Report;
+
+/// Renders a report.
+pub trait Exporter {
+    /// The report as the bytes of a file (or of standard output).
+    fn render(&self, report: &Report) -> anyhow::Result<Vec<u8>>;
+}
+
+/// The formats, as the flags name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The table for people (the default on standard output).
+    Table,
+    /// The whole report, every run included.
+    Json,
+    /// One row per cell.
+    Csv,
+    /// Markdown tables, for issues and READMEs.
+    Markdown,
+    /// Throughput against size, one panel per topology.
+    Svg,
+}
+
+impl Format {
+    /// The exporter for this format.
+    pub fn exporter(self) -> Box<dyn Exporter> {
+        match self {
+            Format::Table => Box::new(table::Table),
+            Format::Json => Box::new(json::Json),
+            Format::Csv => Box::new(csv::Csv),
+            Format::Markdown => Box::new(markdown::Markdown),
+            Format::Svg => Box::new(svg::Svg),
+        }
+    }
+}
+
+/// Writes `report` in `format` to standard output.
+pub fn print(report: &Report, format: Format) -> anyhow::Result<()> {
+    let bytes = format.exporter().render(report)?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&bytes)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes `report` in `format` to `path`.
+pub fn write(report: &Report, format: Format, path: &Path) -> anyhow::Result<()> {
+    let bytes = format
+        .exporter()
+        .render(report)
+        .with_context(|| format!("rendering {format:?} for {}", path.display()))?;
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
 
 /// `65536` -> `64K`, `1048576` -> `1M`, `1400` -> `1400`.
 pub fn size_label(size: usize) -> String {
@@ -13,5 +75,112 @@ pub fn size_label(size: usize) -> String {
         format!("{}K", size >> 10)
     } else {
         size.to_string()
+    }
+}
+
+/// A figure with about three significant digits.
+pub fn num(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Made-up reports with fixed figures, for the exporters' tests: the layout is what is under
+/// test.
+#[cfg(test)]
+pub mod sample {
+    use crate::bench::result::{Cell, Report, Run, TopologyResult};
+
+    fn run(mb: f64, zc: u64, kc: u64, ec: u64) -> Run {
+        Run {
+            bytes: (mb * 1e6) as u64,
+            sends: 1000,
+            seconds: 1.0,
+            cpu_seconds: mb / 2000.0,
+            zerocopy: zc,
+            kernel_copied: kc,
+            engine_copied: ec,
+            fallbacks: 0,
+            enobufs: 0,
+            p50_us: Some(10.0),
+            p99_us: Some(99.5),
+        }
+    }
+
+    fn cell(e: &str, size: usize, r: Run) -> Cell {
+        Cell::summarise(e, size, vec![r], None)
+    }
+
+    fn header(topologies: Vec<TopologyResult>) -> Report {
+        Report {
+            version: "0.1.0".into(),
+            kernel: "6.18.0".into(),
+            cpus: 2,
+            run_seconds: 0.6,
+            repeat: 1,
+            ring_bytes: 32 << 20,
+            topologies,
+        }
+    }
+
+    /// Two engines, one failed cell, one skipped topology.
+    pub fn report() -> Report {
+        header(vec![
+            TopologyResult {
+                name: "udp-blackhole".into(),
+                description: "UDP into a black hole".into(),
+                skipped: None,
+                sizes: vec![1472, 65000],
+                engines: vec!["copy".into(), "msg-zc".into()],
+                cells: vec![
+                    cell("copy", 1472, run(500.0, 0, 0, 1000)),
+                    cell("msg-zc", 1472, run(450.0, 1000, 0, 0)),
+                    cell("copy", 65000, run(6000.0, 0, 0, 1000)),
+                    Cell::summarise("msg-zc", 65000, vec![], Some("engine unavailable".into())),
+                ],
+            },
+            TopologyResult {
+                name: "vsock".into(),
+                description: "AF_VSOCK".into(),
+                skipped: Some("no vsock transport".into()),
+                ..TopologyResult::default()
+            },
+        ])
+    }
+
+    /// zerotx engines beside their baselines, liburing's without latency figures.
+    pub fn with_baselines() -> Report {
+        let mut lib = run(30000.0, 0, 0, 0);
+        (lib.p50_us, lib.p99_us) = (None, None);
+        header(vec![TopologyResult {
+            name: "udp-blackhole".into(),
+            description: "UDP into a black hole".into(),
+            skipped: None,
+            sizes: vec![65000],
+            engines: [
+                "copy",
+                "msg-zc",
+                "uring-zc-fixed",
+                "raw-copy",
+                "raw-msg-zc",
+                "raw-uring-zc-fixed",
+                "liburing-zc-fixed",
+            ]
+            .map(String::from)
+            .to_vec(),
+            cells: vec![
+                cell("copy", 65000, run(6000.0, 0, 0, 1000)),
+                cell("msg-zc", 65000, run(14000.0, 1000, 0, 0)),
+                cell("uring-zc-fixed", 65000, run(32000.0, 1000, 0, 0)),
+                cell("raw-copy", 65000, run(6200.0, 0, 0, 1000)),
+                cell("raw-msg-zc", 65000, run(16000.0, 1000, 0, 0)),
+                cell("raw-uring-zc-fixed", 65000, run(33000.0, 1000, 0, 0)),
+                cell("liburing-zc-fixed", 65000, lib),
+            ],
+        }])
     }
 }

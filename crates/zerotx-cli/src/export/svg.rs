@@ -1,24 +1,37 @@
 //! `--plot FILE.svg`: throughput against size, one line per engine, one panel per topology.
 
-use std::path::Path;
-
 use anyhow::Context;
 use plotters::prelude::*;
 
-use super::size_label;
+use super::{size_label, Exporter};
 use crate::bench::result::Report;
 
-const COLORS: [RGBColor; 6] = [
+/// The plot as an SVG document.
+pub struct Svg;
+
+impl Exporter for Svg {
+    fn render(&self, report: &Report) -> anyhow::Result<Vec<u8>> {
+        let mut out = String::new();
+        draw(report, &mut out)?;
+        Ok(out.into_bytes())
+    }
+}
+
+const COLORS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
     RGBColor(44, 160, 44),
     RGBColor(214, 39, 40),
     RGBColor(148, 103, 189),
     RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
 ];
 
-/// Writes the plot to `path`.
-pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
+/// Draws the plot into `out`.
+fn draw(report: &Report, out: &mut String) -> anyhow::Result<()> {
     let panels: Vec<_> = report
         .topologies
         .iter()
@@ -29,7 +42,7 @@ pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
         "nothing to plot: every topology was skipped"
     );
     let height = 420 * panels.len() as u32;
-    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    let root = SVGBackend::with_string(out, (900, height)).into_drawing_area();
     root.fill(&WHITE)?;
     for (area, t) in root.split_evenly((panels.len(), 1)).iter().zip(panels) {
         let max_mb = t.cells.iter().map(|c| c.mb_s.median).fold(1.0f64, f64::max);
@@ -85,6 +98,28 @@ pub fn write(report: &Report, path: &Path) -> anyhow::Result<()> {
             .border_style(BLACK)
             .draw()?;
     }
-    root.present().context("writing the SVG")?;
+    root.present().context("drawing the SVG")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::sample;
+
+    #[test]
+    fn draws_every_engine_of_every_topology_that_ran() {
+        let svg = String::from_utf8(Svg.render(&sample::report()).unwrap()).unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("udp-blackhole") && svg.contains("msg-zc"));
+        assert!(!svg.contains("vsock"), "a skipped topology gets no panel");
+    }
+
+    #[test]
+    fn nothing_to_plot_is_an_error() {
+        let mut r = sample::report();
+        r.topologies.remove(0);
+        let e = Svg.render(&r).unwrap_err();
+        assert!(e.to_string().contains("nothing to plot"), "{e}");
+    }
 }

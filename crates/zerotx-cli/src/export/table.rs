@@ -1,26 +1,62 @@
-//! The table for people, in the style of the kernel's own benchmark tables: one row per size, one
-//! column per engine, then zero-copy/copy ratios.
+//! The table for people, in the style of the kernel's own benchmark tables: per topology, one row
+//! per size and one column per engine, then zero-copy/copy ratios, and zerotx/baseline ratios
+//! when baselines ran.
 
 use std::fmt::Write as _;
 
-use super::size_label;
-use crate::bench::result::{Cell, Report, Topology};
+use super::{num, size_label, Exporter};
+use crate::bench::result::{Cell, Report, TopologyResult};
 
+/// zerotx's engines that get a ratio against `copy`.
 const ZC_ENGINES: [&str; 4] = ["msg-zc", "uring-zc", "uring-zc-fixed", "uring"];
 
-fn num(v: f64) -> String {
-    if v >= 100.0 {
-        format!("{v:.0}")
-    } else if v >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+/// The plain-text table.
+pub struct Table;
+
+impl Exporter for Table {
+    fn render(&self, report: &Report) -> anyhow::Result<Vec<u8>> {
+        Ok(render(report).into_bytes())
     }
 }
 
+/// Rows of `values` (one per size) under `headers`, each column as wide as its widest entry and
+/// at least 9.
+fn columns(s: &mut String, sizes: &[usize], headers: &[String], values: &[Vec<String>]) {
+    let widths: Vec<usize> = headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            values
+                .iter()
+                .map(|r| r[i].len())
+                .chain([h.len(), 9])
+                .max()
+                .unwrap_or(9)
+        })
+        .collect();
+    let mut header = format!("  {:>7}", "size");
+    for (h, w) in headers.iter().zip(&widths) {
+        let _ = write!(header, " {h:>w$}");
+    }
+    let _ = writeln!(s, "{}", header.trim_end());
+    for (row, &size) in values.iter().zip(sizes) {
+        let mut line = format!("  {:>7}", size_label(size));
+        for (v, w) in row.iter().zip(&widths) {
+            let _ = write!(line, " {v:>w$}");
+        }
+        let _ = writeln!(s, "{line}");
+    }
+}
+
+fn ratio(t: &TopologyResult, a: &str, b: &str, size: usize) -> String {
+    t.ratio(a, b, size)
+        .map_or_else(|| "n/a".into(), |r| format!("{r:.2}x"))
+}
+
+/// One figure per engine, and with `ratios` each zero-copy engine's throughput over copy's.
 fn block(
     s: &mut String,
-    t: &Topology,
+    t: &TopologyResult,
     title: &str,
     value: impl Fn(&Cell) -> Option<String>,
     ratios: bool,
@@ -35,62 +71,45 @@ fn block(
     } else {
         Vec::new()
     };
-    // Each column is as wide as its widest entry, at least 9.
-    let cells: Vec<Vec<String>> = t
+    let mut headers: Vec<String> = t.engines.clone();
+    headers.extend(ratio_cols.iter().map(|e| format!("{e}/copy")));
+    let values: Vec<Vec<String>> = t
         .sizes
         .iter()
         .map(|&size| {
-            t.engines
+            let mut row: Vec<String> = t
+                .engines
                 .iter()
                 .map(|e| {
                     t.cell(e, size)
                         .and_then(&value)
                         .unwrap_or_else(|| "n/a".into())
                 })
-                .collect()
+                .collect();
+            row.extend(ratio_cols.iter().map(|e| ratio(t, e, "copy", size)));
+            row
         })
         .collect();
-    let widths: Vec<usize> = t
-        .engines
+    columns(s, &t.sizes, &headers, &values);
+}
+
+/// zerotx's throughput over each baseline's that ran beside it.
+fn baseline_block(s: &mut String, t: &TopologyResult) {
+    let pairs = t.baseline_pairs();
+    if pairs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  zerotx / baseline, throughput (median; issue 8 asks >= 0.97x, msg-zc >= 0.9x at 1472)"
+    );
+    let headers: Vec<String> = pairs.iter().map(|(a, b)| format!("{a}/{b}")).collect();
+    let values: Vec<Vec<String>> = t
+        .sizes
         .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            cells
-                .iter()
-                .map(|r| r[i].len())
-                .chain([e.len(), 9])
-                .max()
-                .unwrap_or(9)
-        })
+        .map(|&size| pairs.iter().map(|(a, b)| ratio(t, a, b, size)).collect())
         .collect();
-    let mut header = format!("  {:>7}", "size");
-    for (e, w) in t.engines.iter().zip(&widths) {
-        let _ = write!(header, " {e:>w$}");
-    }
-    let ratio_labels: Vec<String> = ratio_cols.iter().map(|e| format!("{e}/copy")).collect();
-    for label in &ratio_labels {
-        let _ = write!(header, " {label:>w$}", w = label.len().max(9));
-    }
-    let _ = writeln!(s, "{}", header.trim_end());
-    for (row_cells, &size) in cells.iter().zip(&t.sizes) {
-        let mut row = format!("  {:>7}", size_label(size));
-        for (v, w) in row_cells.iter().zip(&widths) {
-            let _ = write!(row, " {v:>w$}");
-        }
-        for (e, label) in ratio_cols.iter().zip(&ratio_labels) {
-            let mb = |name: &str| {
-                t.cell(name, size)
-                    .filter(|c| c.error.is_none() && !c.runs.is_empty())
-                    .map(|c| c.mb_s.median)
-            };
-            let r = match (mb(e), mb("copy")) {
-                (Some(z), Some(c)) if c > 0.0 => format!("{:.2}x", z / c),
-                _ => "n/a".into(),
-            };
-            let _ = write!(row, " {r:>w$}", w = label.len().max(9));
-        }
-        let _ = writeln!(s, "{row}");
-    }
+    columns(s, &t.sizes, &headers, &values);
 }
 
 fn ok(c: &Cell) -> Option<&Cell> {
@@ -122,6 +141,7 @@ pub fn render(r: &Report) -> String {
             |c| ok(c).map(|c| num(c.mb_s.median)),
             true,
         );
+        baseline_block(&mut s, t);
         block(
             &mut s,
             t,
@@ -151,8 +171,13 @@ pub fn render(r: &Report) -> String {
         block(
             &mut s,
             t,
-            "release latency p50/p99, us (median)",
-            |c| ok(c).map(|c| format!("{}/{}", num(c.p50_us), num(c.p99_us))),
+            "release latency p50/p99, us (median; one release in 61 sampled)",
+            |c| {
+                ok(c).map(|c| match (c.p50_us, c.p99_us) {
+                    (Some(p50), Some(p99)) => format!("{}/{}", num(p50), num(p99)),
+                    _ => "-".into(),
+                })
+            },
             false,
         );
         for c in &t.cells {
@@ -177,81 +202,15 @@ pub fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::result::{Cell, Run, Topology};
-
-    /// A report with made-up, fixed figures: the layout is what is under test.
-    pub fn sample() -> Report {
-        let run = |mb: f64, zc: u64, kc: u64, ec: u64| Run {
-            bytes: (mb * 1e6) as u64,
-            sends: 1000,
-            seconds: 1.0,
-            cpu_seconds: mb / 2000.0,
-            zerocopy: zc,
-            kernel_copied: kc,
-            engine_copied: ec,
-            fallbacks: 0,
-            enobufs: 0,
-            p50_us: 10.0,
-            p99_us: 99.5,
-        };
-        let cell = |e: &str, size, r: Run| Cell::summarise(e, size, vec![r], None);
-        Report {
-            version: "0.1.0".into(),
-            kernel: "6.18.0".into(),
-            cpus: 2,
-            run_seconds: 0.6,
-            repeat: 1,
-            ring_bytes: 32 << 20,
-            topologies: vec![
-                Topology {
-                    name: "udp-blackhole".into(),
-                    description: "UDP into a black hole".into(),
-                    skipped: None,
-                    sizes: vec![1472, 65000],
-                    engines: vec!["copy".into(), "msg-zc".into()],
-                    cells: vec![
-                        cell("copy", 1472, run(500.0, 0, 0, 1000)),
-                        cell("msg-zc", 1472, run(450.0, 1000, 0, 0)),
-                        cell("copy", 65000, run(6000.0, 0, 0, 1000)),
-                        Cell::summarise("msg-zc", 65000, vec![], Some("engine unavailable".into())),
-                    ],
-                },
-                Topology {
-                    name: "vsock".into(),
-                    description: "AF_VSOCK".into(),
-                    skipped: Some("no vsock transport".into()),
-                    ..Topology::default()
-                },
-            ],
-        }
-    }
+    use crate::export::sample;
 
     #[test]
     fn table_layout() {
-        insta::assert_snapshot!(render(&sample()));
+        insta::assert_snapshot!(render(&sample::report()));
     }
 
     #[test]
-    fn csv_has_a_row_per_cell_and_json_round_trips() {
-        let r = sample();
-        let csv = crate::export::csv::render(&r).unwrap();
-        let lines: Vec<_> = csv.lines().collect();
-        assert!(lines[0].starts_with("topology,engine,size,mb_s_median"));
-        assert_eq!(lines.len(), 1 + 4);
-        assert!(lines[4].ends_with("engine unavailable"));
-        let v: serde_json::Value =
-            serde_json::from_str(&crate::export::json::render(&r).unwrap()).unwrap();
-        assert_eq!(v["topologies"][0]["cells"][1]["zerocopy"], 1000);
-        assert_eq!(v["topologies"][1]["skipped"], "no vsock transport");
-    }
-
-    #[test]
-    fn svg_plot_draws_every_engine() {
-        let path = std::env::temp_dir().join(format!("zerotx-plot-{}.svg", std::process::id()));
-        crate::export::svg::write(&sample(), &path).unwrap();
-        let svg = std::fs::read_to_string(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.contains("udp-blackhole") && svg.contains("msg-zc"));
+    fn baselines_get_a_ratio_block() {
+        insta::assert_snapshot!(render(&sample::with_baselines()));
     }
 }

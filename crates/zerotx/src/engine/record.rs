@@ -137,8 +137,10 @@ pub(crate) struct LatencySampler {
 }
 
 impl LatencySampler {
-    /// One send in this many is timed.
-    pub(crate) const EVERY: u32 = 64;
+    /// One send in this many is timed: a prime, so the samples do not alias with a caller's
+    /// power-of-two reap cadence (a stride of 64 over reaps every 32 sends would time the same
+    /// place of every batch).
+    pub(crate) const EVERY: u32 = 61;
 
     /// The start time of the next send, if it is one of the sampled.
     pub(crate) fn next(&mut self) -> Option<Instant> {

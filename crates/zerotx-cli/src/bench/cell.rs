@@ -1,0 +1,97 @@
+//! One run of one cell, for real: the [`CellRunner`] the scheduler drives inside a topology. It
+//! keeps the buffer ring of the current size, opens a fresh socket per run, picks the driver for
+//! the engine column, and charges the run only for the sender's CPU.
+
+use anyhow::Context;
+use zerotx::BufPool;
+
+use super::engine::Engine;
+use super::result::Run;
+use super::runner::{buffer_ring, measure};
+use super::scheduler::{CellRunner, Slot};
+use super::topology::{Cpus, Site};
+use super::zerotx_engine::ZerotxDriver;
+use super::{liburing, raw};
+use crate::options::BenchOptions;
+
+/// Runs cells of one topology.
+pub struct Cells<'a> {
+    opts: &'a BenchOptions,
+    site: &'a mut dyn Site,
+    sizes: &'a [usize],
+    cpus: Cpus,
+    /// The ring for the size being measured: every engine at that size cycles through it.
+    pool: Option<(usize, BufPool)>,
+}
+
+impl<'a> Cells<'a> {
+    /// Cells over `sizes` and `opts.engines`, sending into `site`.
+    pub fn new(
+        opts: &'a BenchOptions,
+        site: &'a mut dyn Site,
+        sizes: &'a [usize],
+        cpus: Cpus,
+    ) -> Self {
+        Self {
+            opts,
+            site,
+            sizes,
+            cpus,
+            pool: None,
+        }
+    }
+
+    fn pool(&mut self, size: usize) -> anyhow::Result<BufPool> {
+        match &self.pool {
+            Some((s, p)) if *s == size => Ok(p.clone()),
+            _ => {
+                self.pool = None; // free the last ring before allocating the next
+                let p = buffer_ring(size, self.opts.ring_bytes)?;
+                self.pool = Some((size, p.clone()));
+                Ok(p)
+            }
+        }
+    }
+
+    fn measure_on_socket(&mut self, engine: Engine, size: usize) -> anyhow::Result<Run> {
+        let pool = self.pool(size)?;
+        let fd = self.site.open()?;
+        let d = self.opts.run;
+        let run = match engine {
+            Engine::RawCopy => raw::RawCopy::new(fd, &pool, size).and_then(|r| measure(r, d)),
+            Engine::RawMsgZc => raw::RawMsgZc::new(fd, &pool, size).and_then(|r| measure(r, d)),
+            Engine::RawUringZcFixed => {
+                raw::RawUringZcFixed::new(fd, &pool, size).and_then(|r| measure(r, d))
+            }
+            _ => ZerotxDriver::new(fd, engine, &pool, size).and_then(|z| measure(z, d)),
+        };
+        // The run closed its socket either way: take the sink's report now, or the next run
+        // would read this one's.
+        let sink = self.site.sink_cpu()?;
+        let mut run = run?;
+        run.cpu_seconds = (run.cpu_seconds - sink.as_secs_f64()).max(0.0);
+        Ok(run)
+    }
+}
+
+impl CellRunner for Cells<'_> {
+    type Run = Run;
+
+    fn run(&mut self, slot: Slot) -> anyhow::Result<Run> {
+        let size = self.sizes[slot.size];
+        let engine = self.opts.engines[slot.engine];
+        if engine == Engine::LiburingZcFixed {
+            let path = self
+                .opts
+                .liburing
+                .as_deref()
+                .context("no --liburing PATH")?;
+            let target = self.site.udp_target().context(
+                "liburing's send-zerocopy is measured in udp-blackhole only (on a stream it \
+                 keeps several requests in flight, which reorders the stream)",
+            )?;
+            return liburing::run(path, target, size, self.opts.run, self.cpus.sender);
+        }
+        self.measure_on_socket(engine, size)
+    }
+}

@@ -1,0 +1,236 @@
+//! `raw-msg-zc`: `send(MSG_ZEROCOPY)` on a blocking IP socket, completions read from the socket
+//! error queue (`recvmsg(MSG_ERRQUEUE)`) only when the loop asks for them: every
+//! [`REAP_EVERY`](crate::bench::runner::REAP_EVERY) sends, or when every buffer is in flight.
+//!
+//! - Each successful call takes the next completion id (KERNEL.md); a buffer records the id count
+//!   after its last call, and is released once every id below that completed (ids may complete
+//!   out of order: they are marked, and the watermark moves over the completed prefix).
+//! - `ENOBUFS` is the zero-copy budget (no `IP_RECVERR` here, so no qdisc drop answers it): read
+//!   completions and retry; with no id in flight, send that buffer by copy (a fallback).
+//! - Anything else fails the run: in the black hole nothing else is expected.
+//!
+//! Differs from zerotx's `msg-zc` on purpose: a blocking socket, no per-protocol id rules (a UDP
+//! send that fails after taking an id ends the run instead), no path-MTU check (the black hole's
+//! MTU fits every size), IPv4/IPv6 only.
+
+use std::collections::VecDeque;
+use std::io;
+use std::mem;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use zerotx::BufPool;
+
+use super::{poll_one, set_sockopt, sock_type, sockopt, BufRing};
+use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
+
+const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+const SO_EE_CODE_ZEROCOPY_COPIED: u8 = 1;
+
+/// `send(MSG_ZEROCOPY)` and the error queue, by hand.
+pub struct RawMsgZc {
+    fd: OwnedFd,
+    ring: BufRing,
+    stream: bool,
+    /// Per ring slot: the id count once that buffer's calls were made.
+    ends: Vec<u64>,
+    /// Ids taken so far.
+    next_id: u64,
+    /// Every id below this one completed.
+    watermark: u64,
+    /// Ids from the watermark on: completed yet?
+    pending: VecDeque<bool>,
+    /// Control buffer for one error-queue message (a completion needs 48 bytes).
+    control: [u64; 64],
+    c: Counters,
+}
+
+impl RawMsgZc {
+    /// Over `fd` (a connected IPv4/IPv6 TCP or UDP socket), sending `size` bytes from `pool`.
+    pub fn new(fd: OwnedFd, pool: &BufPool, size: usize) -> anyhow::Result<Self> {
+        let domain = sockopt(&fd, libc::SOL_SOCKET, libc::SO_DOMAIN).context("SO_DOMAIN")?;
+        if domain != libc::AF_INET && domain != libc::AF_INET6 {
+            bail!("raw-msg-zc sends on IPv4 and IPv6 sockets only");
+        }
+        let stream = sock_type(&fd)? == libc::SOCK_STREAM;
+        set_sockopt(&fd, libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1)
+            .context("setsockopt(SO_ZEROCOPY)")?;
+        let ring = BufRing::new(pool, size)?;
+        Ok(Self {
+            fd,
+            ends: vec![0; ring.size()],
+            ring,
+            stream,
+            next_id: 0,
+            watermark: 0,
+            pending: VecDeque::with_capacity(4096),
+            control: [0; 64],
+            c: Counters::default(),
+        })
+    }
+
+    /// Reads the error queue dry and releases every buffer whose ids all completed. Returns the
+    /// number of ids that completed.
+    fn drain(&mut self, lat: &mut Latencies) -> anyhow::Result<u64> {
+        let mut ids = 0;
+        loop {
+            // SAFETY: msghdr is a plain C struct; all-zeroes is "no name, no iovec".
+            let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+            msg.msg_control = self.control.as_mut_ptr().cast();
+            msg.msg_controllen = mem::size_of_val(&self.control);
+            // SAFETY: msg points at the live control buffer of the length given; no iovec.
+            let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_ERRQUEUE) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => break,
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Err(e).context("recvmsg(MSG_ERRQUEUE)"),
+                }
+            }
+            if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+                bail!("recvmsg(MSG_ERRQUEUE): control data truncated");
+            }
+            // SAFETY: msg describes the control buffer the kernel just filled; the CMSG macros
+            // walk it within msg_controllen.
+            let mut cm = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+            while !cm.is_null() {
+                // SAFETY: cm is a header inside the control buffer (CMSG_FIRSTHDR/NXTHDR).
+                let h = unsafe { &*cm };
+                let recverr = (h.cmsg_level == libc::SOL_IP && h.cmsg_type == libc::IP_RECVERR)
+                    || (h.cmsg_level == libc::SOL_IPV6 && h.cmsg_type == libc::IPV6_RECVERR);
+                let need = mem::size_of::<libc::sock_extended_err>();
+                // SAFETY: CMSG_LEN only computes a length.
+                if recverr && h.cmsg_len as usize >= unsafe { libc::CMSG_LEN(need as u32) } as usize
+                {
+                    // SAFETY: the payload holds a sock_extended_err (length checked above);
+                    // read_unaligned because the control buffer promises no alignment for it.
+                    let ee: libc::sock_extended_err =
+                        unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast()) };
+                    if ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY && ee.ee_errno == 0 {
+                        let n = self.complete(ee.ee_info, ee.ee_data);
+                        if ee.ee_code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
+                            self.c.kernel_copied += n;
+                        } else {
+                            self.c.zerocopy += n;
+                        }
+                        ids += n;
+                    }
+                }
+                // SAFETY: as for CMSG_FIRSTHDR.
+                cm = unsafe { libc::CMSG_NXTHDR(&msg, cm) };
+            }
+        }
+        while self.ring.in_flight() > 0 && self.ends[self.ring.tail_idx] <= self.watermark {
+            self.ring.release(lat);
+        }
+        Ok(ids)
+    }
+
+    /// Marks ids `lo..=hi` (u32, wrapping) completed; returns how many were in flight.
+    fn complete(&mut self, lo: u32, hi: u32) -> u64 {
+        let count = u64::from(hi.wrapping_sub(lo)) + 1;
+        let first = u64::from(lo.wrapping_sub(self.watermark as u32));
+        let mut n = 0;
+        for k in first..first + count {
+            if let Some(done) = self.pending.get_mut(k as usize) {
+                n += u64::from(!*done);
+                *done = true;
+            }
+        }
+        while self.pending.front() == Some(&true) {
+            self.pending.pop_front();
+            self.watermark += 1;
+        }
+        n
+    }
+}
+
+impl Driver for RawMsgZc {
+    #[inline]
+    fn send(&mut self, lat: &mut Latencies) -> anyhow::Result<bool> {
+        if self.ring.is_full() {
+            return Ok(false);
+        }
+        let p = self.ring.next();
+        let len = self.ring.len;
+        let mut flags = libc::MSG_ZEROCOPY | libc::MSG_NOSIGNAL;
+        let mut off = 0;
+        while off < len {
+            // SAFETY: p..p+len lies in a block this ring holds until the kernel released it.
+            let n = unsafe { libc::send(self.fd.as_raw_fd(), p.add(off).cast(), len - off, flags) };
+            if n >= 0 {
+                if flags & libc::MSG_ZEROCOPY != 0 {
+                    self.next_id += 1;
+                    self.pending.push_back(false);
+                }
+                off = if self.stream { off + n as usize } else { len };
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => {}
+                Some(libc::ENOBUFS) if flags & libc::MSG_ZEROCOPY != 0 => {
+                    self.c.enobufs += 1;
+                    if self.drain(lat)? == 0 {
+                        if self.pending.is_empty() {
+                            flags &= !libc::MSG_ZEROCOPY;
+                            self.c.fallbacks += 1;
+                        } else {
+                            poll_one(&self.fd, 0, 1)?;
+                        }
+                    }
+                }
+                _ => return Err(e).context("send(MSG_ZEROCOPY)"),
+            }
+        }
+        self.ends[self.ring.head_idx] = self.next_id;
+        self.ring.commit();
+        self.c.bytes += len as u64;
+        Ok(true)
+    }
+
+    fn reap(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        self.drain(lat).map(drop)
+    }
+
+    fn wait(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        let before = self.ring.tail;
+        self.drain(lat)?;
+        if self.ring.tail == before && self.ring.in_flight() > 0 {
+            poll_one(&self.fd, 0, WAIT_SLICE.as_millis() as i32)?;
+            self.drain(lat)?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        let deadline = Instant::now() + FLUSH_TIMEOUT;
+        while self.ring.in_flight() > 0 {
+            if Instant::now() > deadline {
+                bail!("{} buffers not released in time", self.ring.in_flight());
+            }
+            self.wait(lat)?;
+        }
+        Ok(())
+    }
+
+    fn counters(&self) -> Counters {
+        self.c
+    }
+
+    fn close(mut self) -> anyhow::Result<()> {
+        let mut lat = Latencies::default();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.ring.in_flight() > 0 && Instant::now() < deadline {
+            self.wait(&mut lat)?;
+        }
+        anyhow::ensure!(
+            self.ring.in_flight() == 0,
+            "{} buffers were still held at close",
+            self.ring.in_flight()
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! zerotx's engines as a [`Driver`]: the one place the benchmark calls the library's sender API.
+//! Buffers go to [`zerotx::Sender`] as pooled buffers and come back from its reap; the harness
+//! only moves them between the sender and a FIFO free list.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use zerotx::{BufPool, EngineKind, PoolBufMut, PooledBuf, Released, Sender, SenderConfig};
+
+use super::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
+use super::Engine;
+
+/// The library engine behind a column, and whether it sends from the registered ring.
+fn kind(engine: Engine) -> Option<(EngineKind, bool)> {
+    Some(match engine {
+        Engine::Copy => (EngineKind::Copy, false),
+        Engine::MsgZc => (EngineKind::MsgZerocopy, false),
+        Engine::Uring => (EngineKind::Uring, false),
+        Engine::UringZc => (EngineKind::UringZc, false),
+        Engine::UringZcFixed => (EngineKind::UringZc, true),
+        _ => return None,
+    })
+}
+
+/// A zerotx sender over one socket, cycling through the buffer ring.
+pub struct ZerotxDriver {
+    tx: Sender<PooledBuf>,
+    free: VecDeque<PoolBufMut>,
+    out: Vec<Released<PooledBuf>>,
+    size: usize,
+}
+
+impl ZerotxDriver {
+    /// A sender for `engine` (one of zerotx's) over `sock`, sending `size` bytes from `pool`.
+    pub fn new(sock: OwnedFd, engine: Engine, pool: &BufPool, size: usize) -> anyhow::Result<Self> {
+        let (kind, fixed) = kind(engine).context("not a zerotx engine")?;
+        let mut tx: Sender<PooledBuf> = Sender::with_config(sock, SenderConfig::new(kind))
+            .with_context(|| format!("creating the {} engine", engine.name()))?;
+        if fixed {
+            tx.register_pool(pool)
+                .context("registering the buffer ring with io_uring")?;
+        }
+        Ok(Self {
+            tx,
+            free: std::iter::from_fn(|| pool.take()).collect(),
+            out: Vec::with_capacity(1024),
+            size,
+        })
+    }
+
+    fn recycle(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        for r in self.out.drain(..) {
+            // The library timed one send in 64 (Report::latency).
+            if let Some(l) = r.report.latency {
+                lat.record(l);
+            }
+            if let Some(e) = r.report.error {
+                return Err(anyhow::Error::new(e).context("a send failed part way"));
+            }
+            self.free.push_back(r.buf.into_mut());
+        }
+        Ok(())
+    }
+}
+
+impl Driver for ZerotxDriver {
+    #[inline]
+    fn send(&mut self, _lat: &mut Latencies) -> anyhow::Result<bool> {
+        match self.free.pop_front() {
+            Some(b) => {
+                self.tx
+                    .send(b.freeze(self.size))
+                    .map_err(std::io::Error::from)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn reap(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        self.tx.reap(&mut self.out).context("reaping completions")?;
+        self.recycle(lat)
+    }
+
+    fn wait(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        self.tx
+            .wait_released(&mut self.out, Some(WAIT_SLICE))
+            .context("waiting for completions")?;
+        self.recycle(lat)
+    }
+
+    fn flush(&mut self, lat: &mut Latencies) -> anyhow::Result<()> {
+        self.tx
+            .flush(FLUSH_TIMEOUT)
+            .context("waiting for the last completions")?;
+        self.reap(lat)
+    }
+
+    fn counters(&self) -> Counters {
+        let s = self.tx.stats();
+        Counters {
+            bytes: s.bytes,
+            zerocopy: s.zerocopy,
+            kernel_copied: s.kernel_copied,
+            engine_copied: s.engine_copied,
+            fallbacks: s.fallbacks,
+            enobufs: s.enobufs,
+        }
+    }
+
+    fn close(self) -> anyhow::Result<()> {
+        let closed = self.tx.close(Duration::from_secs(1));
+        if closed.kept > 0 {
+            bail!("{} buffers were still held at close", closed.kept);
+        }
+        Ok(())
+    }
+}

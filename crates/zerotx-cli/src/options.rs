@@ -1,0 +1,353 @@
+//! Every flag, in one place: the clap structs, and their checking into typed [`BenchOptions`].
+//! Nothing here does work; every bad value gets an error that names it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+
+use crate::bench::topology::Choice;
+use crate::bench::Engine;
+use crate::export::Format;
+
+/// zerotx: zero-copy socket transmit for Linux, measured on this machine.
+#[derive(Debug, Parser)]
+#[command(name = "zerotx", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Copy vs zero-copy on this machine: a table per topology, like the kernel's own tables.
+    Bench(Box<BenchArgs>),
+    /// What this host supports for zero-copy transmit, and what to tune.
+    Probe {
+        /// Print JSON for scripts instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `zerotx bench` flags.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// About 30 s: shorter runs, two repetitions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Seconds per run of one cell [default: 0.6, or 0.15 with --quick].
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Repetitions per cell, interleaved across engines [default: 3, or 2 with --quick].
+    #[arg(long, value_name = "N")]
+    pub repeat: Option<usize>,
+    /// Bytes per send, comma-separated, K/M suffixes allowed (1400,4K,64K,1M) [default: per
+    /// topology, as the kernel's tables].
+    #[arg(long, value_delimiter = ',', value_name = "SIZES")]
+    pub sizes: Option<Vec<String>>,
+    /// Engines, comma-separated: copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
+    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines].
+    #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
+    pub engines: Option<Vec<String>>,
+    /// Also measure minimal senders written for the comparison (raw-copy, raw-msg-zc,
+    /// raw-uring-zc-fixed: libc and io_uring calls, no abstraction) in the same run.
+    #[arg(long)]
+    pub baselines: bool,
+    /// Also run liburing's examples/send-zerocopy (built binary at PATH) with fixed buffers in
+    /// the UDP black hole, as the column liburing-zc-fixed (see scripts/compare-raw.sh).
+    #[arg(long, value_name = "PATH")]
+    pub liburing: Option<PathBuf>,
+    /// Topologies, comma-separated: tcp-loopback, udp-blackhole [default: both; vsock is added by
+    /// --vsock].
+    #[arg(long, value_delimiter = ',', value_name = "TOPOLOGIES")]
+    pub topology: Option<Vec<String>>,
+    /// Also measure AF_VSOCK to CID:PORT, a peer that reads and discards (for example
+    /// `socat VSOCK-LISTEN:PORT,fork /dev/null` in the VM or host).
+    #[arg(long, value_name = "CID:PORT")]
+    pub vsock: Option<String>,
+    /// Size of the buffer ring each run cycles through, MiB (larger than the L2 cache).
+    #[arg(long, value_name = "MIB", default_value_t = 32)]
+    pub ring_mib: usize,
+    /// Print JSON instead of the table.
+    #[arg(long, conflicts_with_all = ["csv", "markdown"])]
+    pub json: bool,
+    /// Print CSV (one row per cell) instead of the table.
+    #[arg(long, conflicts_with = "markdown")]
+    pub csv: bool,
+    /// Print Markdown tables instead of the table.
+    #[arg(long)]
+    pub markdown: bool,
+    /// Also write the whole report as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub export_json: Option<PathBuf>,
+    /// Also write CSV to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub export_csv: Option<PathBuf>,
+    /// Also write Markdown tables to FILE (like hyperfine's --export-markdown).
+    #[arg(long, value_name = "FILE")]
+    pub export_markdown: Option<PathBuf>,
+    /// Also draw throughput vs size per engine and topology into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Checked `zerotx bench` options.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Time per run of one cell.
+    pub run: Duration,
+    /// Repetitions per cell.
+    pub repeat: usize,
+    /// Sizes given on the command line (sorted, deduplicated); `None`: each topology's own.
+    pub sizes: Option<Vec<usize>>,
+    /// Engine columns, in order.
+    pub engines: Vec<Engine>,
+    /// Topologies, in order.
+    pub topologies: Vec<Choice>,
+    /// Bytes of the buffer ring each run cycles through.
+    pub ring_bytes: usize,
+    /// liburing's send-zerocopy example, when its column is wanted.
+    pub liburing: Option<PathBuf>,
+    /// What goes to standard output.
+    pub stdout: Format,
+    /// Files to write, each in its format.
+    pub exports: Vec<(Format, PathBuf)>,
+}
+
+/// `1400`, `4K`, `64k`, `1M`, `16KiB` -> bytes.
+pub fn parse_size(s: &str) -> anyhow::Result<usize> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let body = lower
+        .trim_end_matches("ib")
+        .trim_end_matches('b')
+        .to_string();
+    let (digits, mult) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 1024),
+        Some('m') => (&body[..body.len() - 1], 1 << 20),
+        _ => (&body[..], 1),
+    };
+    let n: usize = digits.parse().ok().filter(|&n| n > 0).with_context(|| {
+        format!("invalid size {t:?}: give bytes with an optional K or M suffix (1400, 4K, 1M)")
+    })?;
+    Ok(n * mult)
+}
+
+fn parse_vsock(s: &str) -> anyhow::Result<Choice> {
+    let (cid, port) = s
+        .split_once(':')
+        .with_context(|| format!("invalid --vsock {s:?}: expected CID:PORT, e.g. 3:5201"))?;
+    let num = |v: &str, what: &str| {
+        v.parse::<u32>()
+            .with_context(|| format!("invalid --vsock {s:?}: {what} {v:?} is not a number"))
+    };
+    Ok(Choice::Vsock {
+        cid: num(cid, "CID")?,
+        port: num(port, "port")?,
+    })
+}
+
+fn parse_topology(s: &str) -> anyhow::Result<Choice> {
+    match s.trim() {
+        "tcp-loopback" => Ok(Choice::TcpLoopback),
+        "udp-blackhole" => Ok(Choice::UdpBlackhole),
+        "vsock" => bail!("the vsock topology needs a peer: give --vsock CID:PORT"),
+        other => bail!(
+            "unknown topology {other:?}; expected tcp-loopback or udp-blackhole \
+             (and --vsock CID:PORT for vsock)"
+        ),
+    }
+}
+
+fn push_new(v: &mut Vec<Engine>, e: Engine) {
+    if !v.contains(&e) {
+        v.push(e);
+    }
+}
+
+impl BenchArgs {
+    /// Checks every flag.
+    pub fn check(self) -> anyhow::Result<BenchOptions> {
+        let (def_run, def_repeat) = if self.quick { (0.15, 2) } else { (0.6, 3) };
+        let secs = self.duration.unwrap_or(def_run);
+        if !(secs > 0.0 && secs <= 600.0) {
+            bail!("invalid --duration {secs}: give seconds per run, above 0 and at most 600");
+        }
+        let repeat = self.repeat.unwrap_or(def_repeat);
+        if !(1..=100).contains(&repeat) {
+            bail!("invalid --repeat {repeat}: give 1 to 100 repetitions");
+        }
+        let sizes = self
+            .sizes
+            .map(|v| v.iter().map(|s| parse_size(s)).collect())
+            .transpose()?
+            .map(|mut v: Vec<usize>| {
+                v.sort_unstable();
+                v.dedup();
+                v
+            });
+        let mut engines = match self.engines {
+            None => Engine::ZEROTX.to_vec(),
+            Some(v) => {
+                let mut out = Vec::new();
+                for e in &v {
+                    push_new(&mut out, e.trim().parse().map_err(anyhow::Error::msg)?);
+                }
+                out
+            }
+        };
+        if engines.is_empty() {
+            bail!("--engines is empty: name at least one engine");
+        }
+        if self.baselines {
+            for e in Engine::RAW {
+                push_new(&mut engines, e);
+            }
+        }
+        match &self.liburing {
+            Some(path) => {
+                if !path.is_file() {
+                    bail!(
+                        "invalid --liburing {}: no such file (build it with \
+                         scripts/compare-raw.sh)",
+                        path.display()
+                    );
+                }
+                push_new(&mut engines, Engine::LiburingZcFixed);
+            }
+            None if engines.contains(&Engine::LiburingZcFixed) => bail!(
+                "the liburing-zc-fixed engine needs --liburing PATH (liburing's send-zerocopy \
+                 example, built by scripts/compare-raw.sh)"
+            ),
+            None => {}
+        }
+        let mut topologies = match self.topology {
+            None => vec![Choice::TcpLoopback, Choice::UdpBlackhole],
+            Some(v) => v
+                .iter()
+                .map(|t| parse_topology(t))
+                .collect::<anyhow::Result<_>>()?,
+        };
+        if let Some(v) = &self.vsock {
+            topologies.push(parse_vsock(v)?);
+        }
+        if self.ring_mib == 0 || self.ring_mib > 4096 {
+            bail!("invalid --ring-mib {}: give 1 to 4096", self.ring_mib);
+        }
+        let stdout = if self.json {
+            Format::Json
+        } else if self.csv {
+            Format::Csv
+        } else if self.markdown {
+            Format::Markdown
+        } else {
+            Format::Table
+        };
+        let exports = [
+            (Format::Json, self.export_json),
+            (Format::Csv, self.export_csv),
+            (Format::Markdown, self.export_markdown),
+            (Format::Svg, self.plot),
+        ]
+        .into_iter()
+        .filter_map(|(f, p)| p.map(|p| (f, p)))
+        .collect();
+        Ok(BenchOptions {
+            run: Duration::from_secs_f64(secs),
+            repeat,
+            sizes,
+            engines,
+            topologies,
+            ring_bytes: self.ring_mib << 20,
+            liburing: self.liburing,
+            stdout,
+            exports,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(args: &[&str]) -> anyhow::Result<BenchOptions> {
+        let cli = Cli::try_parse_from(["zerotx", "bench"].iter().chain(args))?;
+        match cli.command {
+            Command::Bench(b) => b.check(),
+            Command::Probe { .. } => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn sizes_take_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_size("1400").unwrap(), 1400);
+        assert_eq!(parse_size("4K").unwrap(), 4096);
+        assert_eq!(parse_size("64kib").unwrap(), 65536);
+        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        for bad in ["", "0", "x", "4G", "-1"] {
+            let e = parse_size(bad).unwrap_err().to_string();
+            assert!(e.contains("invalid size"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn vsock_needs_cid_and_port() {
+        assert_eq!(
+            parse_vsock("3:5201").unwrap(),
+            Choice::Vsock { cid: 3, port: 5201 }
+        );
+        assert!(parse_vsock("3").is_err());
+        assert!(parse_vsock("a:1").unwrap_err().to_string().contains("CID"));
+    }
+
+    #[test]
+    fn defaults_are_the_zerotx_engines_on_both_local_topologies() {
+        let o = check(&[]).unwrap();
+        assert_eq!(o.engines, Engine::ZEROTX.to_vec());
+        assert_eq!(o.topologies, [Choice::TcpLoopback, Choice::UdpBlackhole]);
+        assert_eq!((o.repeat, o.run), (3, Duration::from_millis(600)));
+        assert_eq!(o.stdout, Format::Table);
+        assert!(o.exports.is_empty());
+        let q = check(&["--quick"]).unwrap();
+        assert_eq!((q.repeat, q.run), (2, Duration::from_millis(150)));
+    }
+
+    #[test]
+    fn baselines_add_the_raw_loops_once_after_the_chosen_engines() {
+        let o = check(&["--engines", "msg-zc,raw-copy,msg-zc", "--baselines"]).unwrap();
+        let names: Vec<_> = o.engines.iter().map(|e| e.name()).collect();
+        assert_eq!(
+            names,
+            ["msg-zc", "raw-copy", "raw-msg-zc", "raw-uring-zc-fixed"]
+        );
+    }
+
+    #[test]
+    fn liburing_column_needs_a_binary() {
+        let e = check(&["--engines", "liburing-zc-fixed"]).unwrap_err();
+        assert!(e.to_string().contains("needs --liburing PATH"), "{e}");
+        let e = check(&["--liburing", "/nonexistent/send-zerocopy"]).unwrap_err();
+        assert!(e.to_string().contains("no such file"), "{e}");
+        let o = check(&["--engines", "copy", "--liburing", "/bin/sh"]).unwrap();
+        assert_eq!(o.engines, [Engine::Copy, Engine::LiburingZcFixed]);
+    }
+
+    #[test]
+    fn exports_go_to_their_files_and_stdout_formats_exclude_each_other() {
+        let o = check(&["--markdown", "--export-json", "r.json", "--plot", "p.svg"]).unwrap();
+        assert_eq!(o.stdout, Format::Markdown);
+        assert_eq!(
+            o.exports,
+            [
+                (Format::Json, PathBuf::from("r.json")),
+                (Format::Svg, PathBuf::from("p.svg"))
+            ]
+        );
+        assert!(check(&["--json", "--csv"]).is_err());
+        assert!(check(&["--csv", "--markdown"]).is_err());
+    }
+}
