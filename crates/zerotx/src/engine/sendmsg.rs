@@ -336,6 +336,66 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
+    /// The copy engine's send: nothing to wait for once the kernel took the bytes, so the record
+    /// enters the ledger only if a stream took part of it (it becomes the head).
+    fn try_send_copy(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        let mut rec = Record::new(buf, dest, self.latency.next());
+        let result = loop {
+            let rest = &rec.bufs[0].as_bytes()[rec.sent..];
+            self.stats.syscalls += 1;
+            match sys::send_to(sock.fd(), rest, rec.dest.as_deref(), 0) {
+                Ok(n) => {
+                    self.stats.bytes += n as u64;
+                    // Datagrams go whole or not at all.
+                    rec.sent = if self.stream { rec.sent + n } else { rec.total };
+                    if rec.left() == 0 {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        match result {
+            Ok(()) => {
+                self.waiting = Wait::Nothing;
+                self.stats.sends += 1;
+                rec.release(false, &mut self.stats, out);
+                Ok(())
+            }
+            Err(e) if rec.sent == 0 => {
+                let buf = rec.bufs.into_iter().next().expect("one buffer");
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    self.waiting = Wait::Writable;
+                    self.stats.would_block += 1;
+                    Err(SendError::WouldBlock(buf))
+                } else {
+                    Err(SendError::Io { buf, error: e })
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // A stream took part of it: the rest goes first at the next progress.
+                self.waiting = Wait::Writable;
+                self.stats.sends += 1;
+                self.head = Some(self.ledger.insert(rec));
+                Ok(())
+            }
+            Err(e) => {
+                // Part of it is on the wire and the rest never will be.
+                self.stats.sends += 1;
+                self.broken = Some(e.raw_os_error().unwrap_or(libc::EIO));
+                rec.error = Some(e);
+                rec.release(false, &mut self.stats, out);
+                Ok(())
+            }
+        }
+    }
+
     fn broken_error(&self) -> Option<io::Error> {
         self.broken.map(io::Error::from_raw_os_error)
     }
@@ -358,6 +418,9 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         }
         if let Some(error) = self.broken_error() {
             return Err(SendError::Io { buf, error });
+        }
+        if !self.zerocopy {
+            return self.try_send_copy(sock, buf, dest, out);
         }
         let slot = self
             .ledger
