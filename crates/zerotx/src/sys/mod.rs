@@ -142,6 +142,29 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(getsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY)? != 0)
 }
 
+/// The `msghdr` of a send: the iovecs `iov` and, for an unconnected datagram socket, the
+/// destination `dest`; no control data. The one builder of a send's header. It only holds
+/// pointers: whoever hands it to the kernel keeps `iov`, the memory it names and `dest` alive and
+/// in place until the kernel is done reading them (the end of the call for `sendmsg`).
+pub(crate) fn send_msghdr(iov: &[libc::iovec], dest: Option<&SockAddr>) -> libc::msghdr {
+    // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    if let Some(addr) = dest {
+        msg.msg_name = addr.as_ptr() as *mut libc::c_void;
+        msg.msg_namelen = addr.len();
+    }
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len() as _;
+    msg
+}
+
+/// `IoSlice`s as the `iovec`s they are.
+fn as_iovecs<'a>(iov: &'a [IoSlice<'_>]) -> &'a [libc::iovec] {
+    // SAFETY: std guarantees `IoSlice` is ABI-compatible with `iovec` on Unix (same size, align
+    // and layout), so a slice of one is a slice of the other, borrowed for the same lifetime.
+    unsafe { std::slice::from_raw_parts(iov.as_ptr().cast::<libc::iovec>(), iov.len()) }
+}
+
 /// `sendmsg(2)` with `MSG_DONTWAIT | MSG_NOSIGNAL | extra_flags`, retried on `EINTR`.
 pub fn sendmsg(
     fd: BorrowedFd<'_>,
@@ -149,15 +172,7 @@ pub fn sendmsg(
     dest: Option<&SockAddr>,
     extra_flags: libc::c_int,
 ) -> io::Result<usize> {
-    // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
-    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    if let Some(addr) = dest {
-        msg.msg_name = addr.as_ptr() as *mut libc::c_void;
-        msg.msg_namelen = addr.len();
-    }
-    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
-    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-    msg.msg_iovlen = iov.len() as _;
+    let msg = send_msghdr(as_iovecs(iov), dest);
     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | extra_flags;
     retry(|| {
         let n = syscall!(sendmsg(fd.as_raw_fd(), &msg, flags))?;
