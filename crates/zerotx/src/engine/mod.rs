@@ -15,11 +15,11 @@
 
 pub(crate) mod policy;
 pub(crate) mod record;
-pub(crate) mod ring;
 pub(crate) mod sendmsg;
+pub(crate) mod shared;
 pub(crate) mod uring;
 
-pub use ring::UringShared;
+pub use shared::UringShared;
 pub use uring::UringConfig;
 
 use std::fmt;

@@ -143,9 +143,11 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
 }
 
 /// The `msghdr` of a send: the iovecs `iov` and, for an unconnected datagram socket, the
-/// destination `dest`; no control data. The one builder of a send's header. It only holds
-/// pointers: whoever hands it to the kernel keeps `iov`, the memory it names and `dest` alive and
-/// in place until the kernel is done reading them (the end of the call for `sendmsg`).
+/// destination `dest`; no control data. The one builder behind [`sendmsg`] and the io_uring
+/// `SENDMSG`/`SENDMSG_ZC` requests ([`uring::SendOp`]). The header only holds pointers: whoever
+/// hands it to the kernel keeps `iov`, the memory it names and `dest` alive and in place until the
+/// kernel is done reading them (the end of the call for `sendmsg`, the request's last CQE for
+/// io_uring).
 pub(crate) fn send_msghdr(iov: &[libc::iovec], dest: Option<&SockAddr>) -> libc::msghdr {
     // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
