@@ -15,11 +15,11 @@
 
 pub(crate) mod policy;
 pub(crate) mod record;
-pub(crate) mod ring;
 pub(crate) mod sendmsg;
+pub(crate) mod shared;
 pub(crate) mod uring;
 
-pub use ring::UringShared;
+pub use shared::UringShared;
 pub use uring::UringConfig;
 
 use std::fmt;
@@ -136,7 +136,8 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error>;
 
     /// Gives up: a partly sent head is ended with an error and released once the kernel is done
-    /// with it (into `out`, with anything else ready); returns the buffers the kernel may still
-    /// read, which the caller must never free.
-    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B>;
+    /// with it (into `out`, with anything else ready); returns how many buffers the kernel may
+    /// still read. The engine keeps those (leaks them: never frees them, never hands them back),
+    /// and the caller counts them as kept.
+    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize;
 }

@@ -1,6 +1,8 @@
 //! The io_uring engines: `uring` (`IORING_OP_SENDMSG`, the kernel copies) and `uring-zc`
 //! (`IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` for buffers from
-//! a registered [`BufPool`]), both with many requests per `io_uring_enter`.
+//! a registered [`BufPool`]), both with many requests per `io_uring_enter`. This module decides
+//! order, batching and the budget; the ring, the requests and every pointer the kernel reads are
+//! in [`sys::uring`](crate::sys::uring).
 //!
 //! - **Order.** io_uring issues requests independently: two in flight on one connection can
 //!   reorder it when the socket buffer fills (KERNEL.md measured a quarter of a TCP stream's bytes
@@ -8,14 +10,18 @@
 //!   exactly one request in flight. On a byte stream (TCP, AF_UNIX and vsock streams) it carries
 //!   up to `batch` queued buffers as an iovec with `MSG_WAITALL`, and a short result is continued
 //!   from its offset; on SEQPACKET and SCTP one request is one message, never merged. Datagram
-//!   sockets have many requests in flight, one per buffer.
+//!   sockets have many requests in flight, one per buffer. The next record of an ordered socket
+//!   may go as soon as the first CQE says the previous one went whole, before its notification.
 //! - **Completions.** The first CQE carries bytes or `-errno` and `IORING_CQE_F_MORE` when a
-//!   notification follows (read from the flag, also on errors); only the `IORING_CQE_F_NOTIF` CQE
-//!   releases a zero-copy request's buffers, and it may come before or after later requests'
-//!   CQEs. `IORING_SEND_ZC_REPORT_USAGE`, where the kernel has it, makes it say whether the kernel
-//!   copied. Every CQE reaped is applied: a request is retired before anything follows from it,
-//!   and whatever must be pushed next (a continuation, a copy, a resubmission) waits in `to_push`
-//!   until the SQ takes it, so a failing `io_uring_enter` loses nothing.
+//!   notification follows (read from the flag, also on errors); it decides what follows the
+//!   request ([`Then`]). The request holds its record (the buffers) until its **last** CQE (the
+//!   `IORING_CQE_F_NOTIF` one, or a first CQE without `F_MORE`), which hands the record back;
+//!   only then is it released, or continued: a short `MSG_WAITALL` result, a resubmission and a
+//!   copy after the budget refused are built from the returned record, so they wait for the
+//!   notification of the request before them. `IORING_SEND_ZC_REPORT_USAGE`, where the kernel has
+//!   it, makes the notification say whether the kernel copied. Every CQE reaped is applied, and
+//!   whatever must be pushed next waits in `to_push` until the SQ takes it, so a failing
+//!   `io_uring_enter` loses nothing.
 //! - **The zero-copy budget** (`ENOMEM`, when io_uring charges pinned pages to
 //!   `RLIMIT_MEMLOCK`): a refused request waits for one of this sender's requests that holds
 //!   pinned pages to finish, if those pages could make room for it; otherwise it goes by copy at
@@ -31,20 +37,19 @@
 //! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
 //!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
-//!   SQE names is never reused under it.
-#![allow(unsafe_code)]
+//!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
+//!   leaks them (see [`sys::uring::Ring`](crate::sys::uring::Ring)) and shutdown counts them.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use io_uring::{cqueue, opcode, squeue, types};
 use slab::Slab;
 use socket2::SockAddr;
 
-use super::ring::{self, Cqe, RingCore, UringShared};
+use super::shared::{SharedRing, UringShared};
 
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::policy::{self, BudgetAction, Refusal};
@@ -53,7 +58,7 @@ use crate::engine::{Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
 use crate::report::{Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
-use crate::sys::uring as sysu;
+use crate::sys::uring::{self as sysu, Completion, Refused, Ring, SendKind, SendOp};
 
 /// Ring and batching settings for the io_uring engines: `UringConfig::default()`, then the
 /// `with_` methods.
@@ -98,42 +103,60 @@ impl Default for UringConfig {
     }
 }
 
-/// A record and the requests that carry it.
-struct Batch<B> {
-    rec: Record<B>,
-    /// Requests of this batch not yet finished (first CQE and notification both in).
-    reqs: u32,
-    /// A request of it is still to be pushed (it sits in `to_push` or `deferred`).
-    waiting: bool,
-    /// Resubmissions after a cancelled request that sent nothing, since the batch last moved.
-    resubmits: u32,
+/// What follows a request, decided at its first CQE and carried out when its last CQE hands the
+/// record back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Then {
+    /// The record went whole: release it.
+    Done,
+    /// `MSG_WAITALL` stopped short (its thread exited, measured on 6.18): go on from there.
+    Continue,
+    /// The zero-copy budget refused it (`ENOMEM`): wait for pinned pages, or copy.
+    Budget,
+    /// The thread that submitted it exited and the kernel cancelled it: submit it again.
+    Resubmit,
+    /// It failed with this errno: release the record with the error.
+    Fail(i32),
 }
 
-/// The memory a request's SQE points at: kept until the request finished.
+/// What the engine knows of a request in the ring (the ring holds its record).
 struct Req {
-    batch: usize,
     /// Sent zero-copy (`SENDMSG_ZC`/`SEND_ZC`).
     zc: bool,
     /// Zero-copy from user memory: io_uring charges its pages to `RLIMIT_MEMLOCK` (a registered
     /// buffer's pages were charged once, at registration).
     charged: bool,
-    first_done: bool,
-    notif_done: bool,
-    /// What io_uring charged for the pages this zero-copy request pinned, once its first CQE said
-    /// it sent; they come back with its notification.
+    /// Bytes it carries: the record's unsent bytes when it was pushed.
+    len: usize,
+    /// What io_uring charged for the pages it pinned, once its first CQE said it sent; they come
+    /// back with its notification.
     pinned: usize,
-    _iov: Vec<libc::iovec>,
-    _msg: Box<libc::msghdr>,
+    /// The first CQE's `res` and what follows, once it came.
+    first: Option<(i32, Then)>,
+    /// The notification said the kernel copied.
+    copied: bool,
+    /// Resubmissions of its record after a cancel that sent nothing, in a row.
+    resubmits: u32,
 }
 
-// SAFETY: the raw pointers in iovec/msghdr point into buffers owned by the engine's batches and
-// into this struct's own boxes; they are only read by the kernel, never dereferenced here, so
-// moving a Req to another thread with its engine is sound.
-unsafe impl Send for Req {}
+/// A record due for its next request, in the box that request will use.
+struct Next<B> {
+    op: Box<SendOp<B>>,
+    /// Goes zero-copy if it can (else by copy: the `uring` engine, or a fallback).
+    zc: bool,
+    resubmits: u32,
+}
 
 pub(crate) struct UringEngine<B> {
-    core: Arc<Mutex<RingCore>>,
+    ring: Arc<SharedRing>,
+    /// Everything but the ring, apart so that a call can hold the ring's lock while it changes it.
+    st: State<B>,
+}
+
+struct State<B> {
     owner: u16,
+    /// Left the ring (at shutdown): it must not be touched for this owner again.
+    left: bool,
     /// The socket, as this engine's own descriptor: every SQE names it. Closed only once no SQE
     /// in the SQ can name it (`leak_fd` otherwise), so the caller may close or hand back theirs.
     fd: Option<OwnedFd>,
@@ -149,17 +172,17 @@ pub(crate) struct UringEngine<B> {
     pin_limit: Option<usize>,
     cfg: UringConfig,
     queue: VecDeque<(B, Option<SockAddr>)>,
-    batches: Slab<Batch<B>>,
+    /// This sender's requests in the ring, by the index their CQEs carry.
     reqs: Slab<Req>,
     latency: LatencySampler,
-    /// This sender's requests pushed and not yet finished.
-    in_flight: usize,
     /// An ordered socket's request is out (or waiting to be pushed).
     busy: bool,
-    /// Batches whose next request is due, in order, with the way it goes (zero-copy or not).
-    to_push: VecDeque<(usize, bool)>,
-    /// Batches whose zero-copy request hit the budget, waiting for pinned pages to come back.
-    deferred: Vec<usize>,
+    /// Records whose next request is due, in order.
+    to_push: VecDeque<Next<B>>,
+    /// Records whose zero-copy request hit the budget, waiting for pinned pages to come back.
+    deferred: Vec<Next<B>>,
+    /// Boxes of finished requests, for the next ones.
+    spare: Vec<Box<SendOp<B>>>,
     /// What this sender's requests pin now (sum of `Req::pinned`).
     pinned: usize,
     /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
@@ -169,13 +192,13 @@ pub(crate) struct UringEngine<B> {
     broken: Option<i32>,
     held: usize,
     stats: Stats,
-    cqes: Vec<Cqe>,
+    cqes: Vec<Completion>,
 }
 
 /// How long a sender on a shared ring sleeps before it looks at its inbox again.
 const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 
-/// Resubmissions of a cancelled request that sent nothing before its batch fails.
+/// Resubmissions of a cancelled request that sent nothing before its record fails.
 const MAX_RESUBMITS: u32 = 8;
 
 /// Fixed buffer index for `buf` when it lies in the registered `region` and policy sends it
@@ -233,68 +256,69 @@ impl<B: SendBuf> UringEngine<B> {
             context: "fcntl(F_DUPFD_CLOEXEC) of the socket for io_uring",
             source,
         })?;
-        let core = match shared {
-            Some(r) => r.core.clone(),
-            None => ring::private_ring(cfg)?,
+        let ring = match shared {
+            Some(r) => r.ring.clone(),
+            None => SharedRing::new(cfg)?,
         };
-        let (owner, cfg) = {
-            let mut c = ring::lock(&core);
-            (c.join()?, c.cfg)
-        };
+        let owner = ring.lock().join().ok_or_else(|| Error::Config {
+            problem: "more than 65535 senders at once on one ring".into(),
+            fix: "make another UringShared".into(),
+        })?;
+        let cfg = ring.cfg;
         let report = zc && sysu::report_usage();
         Ok(Self {
-            core,
-            owner,
-            fd: Some(fd),
-            leak_fd: false,
-            zc,
-            zc_flags: if report {
-                sysu::SEND_ZC_REPORT_USAGE
-            } else {
-                0
+            ring,
+            st: State {
+                owner,
+                left: false,
+                fd: Some(fd),
+                leak_fd: false,
+                zc,
+                zc_flags: if report {
+                    sysu::SEND_ZC_REPORT_USAGE
+                } else {
+                    0
+                },
+                ordered: sock.kind.is_ordered(),
+                merge: sock.kind.is_byte_stream(),
+                pin_limit: if zc { sysu::pin_limit() } else { None },
+                cfg,
+                queue: VecDeque::new(),
+                reqs: Slab::new(),
+                latency: LatencySampler::default(),
+                busy: false,
+                to_push: VecDeque::new(),
+                deferred: Vec::new(),
+                spare: Vec::new(),
+                pinned: 0,
+                owed: false,
+                closing: false,
+                broken: None,
+                held: 0,
+                stats: Stats::default(),
+                cqes: Vec::new(),
             },
-            ordered: sock.kind.is_ordered(),
-            merge: sock.kind.is_byte_stream(),
-            pin_limit: if zc { sysu::pin_limit() } else { None },
-            cfg,
-            queue: VecDeque::new(),
-            batches: Slab::new(),
-            reqs: Slab::new(),
-            latency: LatencySampler::default(),
-            in_flight: 0,
-            busy: false,
-            to_push: VecDeque::new(),
-            deferred: Vec::new(),
-            pinned: 0,
-            owed: false,
-            closing: false,
-            broken: None,
-            held: 0,
-            stats: Stats::default(),
-            cqes: Vec::new(),
         })
     }
 
-    fn core(&self) -> MutexGuard<'_, RingCore> {
-        ring::lock(&self.core)
+    /// The ring, locked, and the state beside it.
+    fn split(&mut self) -> (MutexGuard<'_, Ring>, &mut State<B>) {
+        (self.ring.lock(), &mut self.st)
     }
+}
 
+impl<B: SendBuf> State<B> {
     fn raw_fd(&self) -> i32 {
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
     /// The registered region zero-copy requests may send from, if any.
-    fn fixed_region(&self) -> Option<u64> {
+    fn fixed_region(&self, ring: &Ring) -> Option<u64> {
         if self.zc {
-            self.core().fixed_region()
+            ring.registered().map(BufPool::region_id)
         } else {
             None
         }
-    }
-
-    /// Whether `buf` goes as its own `SEND_ZC` from registered memory.
-    fn registered_index(&self, buf: &B) -> Option<u16> {
-        fixed_index(self.fixed_region(), self.merge, buf)
     }
 
     /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
@@ -303,26 +327,25 @@ impl<B: SendBuf> UringEngine<B> {
         policy::may_pin(sysu::pin_charge(bytes), self.pin_limit)
     }
 
-    /// Forms requests from the queue while order and the in-flight cap allow.
-    fn issue(&mut self) -> io::Result<()> {
+    /// Forms records from the queue while order and the in-flight cap allow, and pushes them.
+    fn issue(&mut self, ring: &mut Ring) -> io::Result<()> {
+        let region = self.fixed_region(ring);
         loop {
             let blocked = self.ordered && self.busy;
-            if !self.to_push.is_empty()
-                || self.queue.is_empty()
-                || blocked
-                || !self.core().has_room()
-            {
+            if !self.to_push.is_empty() || self.queue.is_empty() || blocked || !ring.has_room() {
                 return Ok(());
             }
             let (first, dest) = self.queue.pop_front().expect("queue not empty");
-            let fixed = self.registered_index(&first).is_some();
+            let fixed = fixed_index(region, self.merge, &first).is_some();
             let mut rec = Record::new(first, dest, self.latency.next());
             // A byte-stream request carries several buffers as one iovec (as many as half the
             // locked-memory limit lets two requests pin at once); a fixed-buffer request, a
             // message and a datagram carry one.
             while self.merge && !fixed && rec.bufs.len() < self.cfg.batch {
                 let next = match self.queue.front() {
-                    Some((b, _)) if self.registered_index(b).is_none() => b.as_bytes().len(),
+                    Some((b, _)) if fixed_index(region, self.merge, b).is_none() => {
+                        b.as_bytes().len()
+                    }
                     _ => break,
                 };
                 let limit = if self.zc { self.pin_limit } else { None };
@@ -331,142 +354,113 @@ impl<B: SendBuf> UringEngine<B> {
                 }
                 rec.push(self.queue.pop_front().expect("front exists").0);
             }
-            let batch = self.batches.insert(Batch {
-                rec,
-                reqs: 0,
-                waiting: true,
-                resubmits: 0,
-            });
             if self.ordered {
                 self.busy = true;
             }
-            self.to_push.push_back((batch, self.zc));
-            self.flush_pushes()?;
+            self.to_push.push_back(Next {
+                op: SendOp::new(rec, self.spare.pop()),
+                zc: self.zc,
+                resubmits: 0,
+            });
+            self.flush_pushes(ring)?;
         }
     }
 
     /// Pushes the requests that are due, in order. Stops, keeping the rest, when the SQ stays
     /// full or `io_uring_enter` fails; they go at the next progress.
-    fn flush_pushes(&mut self) -> io::Result<()> {
-        while let Some(&(batch, zc)) = self.to_push.front() {
-            match self.push_request(batch, zc) {
-                Ok(true) => {
-                    self.to_push.pop_front();
-                    if let Some(b) = self.batches.get_mut(batch) {
-                        b.waiting = false;
-                    }
-                }
-                Ok(false) => {
-                    self.owed = true;
-                    return Ok(());
-                }
-                Err(e) => {
-                    self.owed = true;
-                    return Err(e);
-                }
+    fn flush_pushes(&mut self, ring: &mut Ring) -> io::Result<()> {
+        while let Some(next) = self.to_push.pop_front() {
+            if let Err((next, error)) = self.push_request(ring, next) {
+                self.to_push.push_front(next);
+                self.owed = true;
+                return error.map_or(Ok(()), Err);
             }
         }
         Ok(())
     }
 
-    /// Builds and pushes one request for the unsent part of `batch`. `Ok(false)`: the SQ is full.
-    fn push_request(&mut self, batch_idx: usize, zc: bool) -> io::Result<bool> {
-        let region = if zc { self.fixed_region() } else { None };
-        let fd = types::Fd(self.raw_fd());
-        let b = self.batches.get(batch_idx).expect("live batch");
-        let fixed = match b.rec.bufs.as_slice() {
+    /// Pushes one request for the unsent part of `next`'s record; hands it back if the SQ stayed
+    /// full (no error) or `io_uring_enter` failed.
+    fn push_request(
+        &mut self,
+        ring: &mut Ring,
+        next: Next<B>,
+    ) -> Result<(), (Next<B>, Option<io::Error>)> {
+        let Next {
+            mut op,
+            zc: want_zc,
+            resubmits,
+        } = next;
+        let region = if want_zc {
+            self.fixed_region(ring)
+        } else {
+            None
+        };
+        let rec = op.record();
+        let fixed = match rec.bufs.as_slice() {
             [one] => fixed_index(region, self.merge, one),
             _ => None,
         };
+        let len = rec.left();
         // A request from user memory charges its pages to the locked-memory limit; one that could
         // never fit goes by copy at once.
-        let charged = zc && fixed.is_none();
-        let zc = zc && (fixed.is_some() || self.may_pin(b.rec.left()));
-        let b = self.batches.get_mut(batch_idx).expect("live batch");
-        b.rec.fallback |= self.zc && !zc;
-        let mut iov: Vec<libc::iovec> = b
-            .rec
-            .unsent()
-            .map(|bytes| libc::iovec {
-                iov_base: bytes.as_ptr() as *mut libc::c_void,
-                iov_len: bytes.len(),
-            })
-            .collect();
-        // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
-        let mut msg: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
-        msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = iov.len() as _;
-        if let Some(d) = &b.rec.dest {
-            msg.msg_name = d.as_ptr() as *mut libc::c_void;
-            msg.msg_namelen = d.len();
-        }
-        let flags = libc::MSG_NOSIGNAL | if self.merge { libc::MSG_WAITALL } else { 0 };
-        let bad = sysu::take_bad_sqe();
-        let sqe: squeue::Entry = match fixed {
-            Some(index) => {
-                let one = iov[0];
-                // A registered buffer lies in a region of at most 1 GiB (checked at
-                // registration), so its length fits the SQE's 32 bits.
-                let len = u32::try_from(one.iov_len).expect("registered buffers are <= 1 GiB");
-                let mut op = opcode::SendZc::new(fd, one.iov_base as *const u8, len)
-                    .buf_index(Some(index))
-                    .flags(flags)
-                    .zc_flags(self.zc_flags | bad);
-                if let Some(d) = &b.rec.dest {
-                    op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
-                }
-                op.build()
-            }
-            None if zc => opcode::SendMsgZc::new(fd, &*msg)
-                .flags(flags as u32)
-                .ioprio(self.zc_flags | bad)
-                .build(),
-            None => opcode::SendMsg::new(fd, &*msg)
-                .flags(flags as u32)
-                .ioprio(bad)
-                .build(),
+        let zc = want_zc && (fixed.is_some() || self.may_pin(len));
+        op.record_mut().fallback |= self.zc && !zc;
+        let kind = match (zc, fixed) {
+            (true, Some(index)) => SendKind::Fixed {
+                index,
+                zc_flags: self.zc_flags,
+            },
+            (true, None) => SendKind::ZeroCopy {
+                zc_flags: self.zc_flags,
+            },
+            (false, _) => SendKind::Copy,
         };
-        // Moving the Vec and the Box into the request does not move what they point at.
+        let flags = libc::MSG_NOSIGNAL | if self.merge { libc::MSG_WAITALL } else { 0 };
+        op.set(self.raw_fd(), kind, flags);
         let req = self.reqs.insert(Req {
-            batch: batch_idx,
             zc,
-            charged: charged && zc,
-            first_done: false,
-            notif_done: false,
+            charged: zc && fixed.is_none(),
+            len,
             pinned: 0,
-            _iov: iov,
-            _msg: msg,
+            first: None,
+            copied: false,
+            resubmits,
         });
-        let owner = self.owner;
-        // SAFETY: the SQE points at the iovec and msghdr now owned by `self.reqs[req]`, at the
-        // destination address boxed in the batch, and at bytes of buffers owned by the batch.
-        // Requests and batches are removed only after the request's last CQE, so all of it stays
-        // valid and unchanged until the kernel is done; shutdown leaks what is in flight.
-        let pushed = unsafe { self.core().push(owner, req, sqe) };
-        if !matches!(pushed, Ok(true)) {
-            // Never queued: the caller keeps the batch and pushes it again later.
-            self.reqs.remove(req);
-            return pushed;
+        match ring.push(self.owner, req, op) {
+            Ok(()) => {
+                self.stats.syscalls += 1;
+                Ok(())
+            }
+            Err(Refused { op, error }) => {
+                // Never queued: the caller keeps the record and pushes it again later.
+                self.reqs.remove(req);
+                let next = Next {
+                    op,
+                    zc: want_zc,
+                    resubmits,
+                };
+                Err((next, error))
+            }
         }
-        self.batches.get_mut(batch_idx).expect("live batch").reqs += 1;
-        self.in_flight += 1;
-        self.stats.syscalls += 1;
-        Ok(true)
     }
 
     /// Reaps, pushes what is due, forms new requests, and submits. Every path that may be followed
     /// by a wait on the ring goes through here: an SQE left unsubmitted with nothing else in
     /// flight would make that wait endless. Every step runs even if one failed; the first error
     /// is returned, and what it held back is tried again at the next progress.
-    fn kick(&mut self, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        self.reap(out);
-        let pushed = self.flush_pushes();
-        let issued = self.issue();
+    fn kick(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
+        if self.left {
+            return Ok(());
+        }
+        self.reap(ring, out);
+        let pushed = self.flush_pushes(ring);
+        let issued = self.issue(ring);
         let owed = std::mem::take(&mut self.owed);
         let submitted = if owed {
-            self.core().submit()
+            ring.submit()
         } else {
-            self.core().submit_if_due()
+            ring.submit_if_due()
         };
         if submitted.is_err() || !self.to_push.is_empty() {
             self.owed = true;
@@ -475,155 +469,162 @@ impl<B: SendBuf> UringEngine<B> {
     }
 
     /// Applies every completion this owner has on the ring.
-    fn reap(&mut self, out: &mut Vec<Released<B>>) {
+    fn reap(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) {
         let mut cqes = std::mem::take(&mut self.cqes);
-        cqes.clear();
-        let owner = self.owner;
-        self.core().reap_for(owner, &mut cqes);
-        for &(req, res, flags) in &cqes {
-            self.on_cqe(req, res, flags, out);
+        ring.reap_for(self.owner, &mut cqes);
+        for c in cqes.drain(..) {
+            self.on_cqe(c, out);
         }
         self.cqes = cqes;
     }
 
-    /// One CQE: record it, retire the request if it is done, then decide what follows.
-    fn on_cqe(&mut self, req_idx: usize, res: i32, flags: u32, out: &mut Vec<Released<B>>) {
-        if req_idx == ring::CANCEL_REQ {
+    /// One CQE: record it; on the first, decide what follows; on the last, take the record back
+    /// and carry that out.
+    fn on_cqe(&mut self, c: Completion, out: &mut Vec<Released<B>>) {
+        let Completion { cqe, op } = c;
+        if cqe.req == sysu::CANCEL {
             return; // the cancel of a shutdown: its count of cancelled requests is not needed
         }
-        let Some(req) = self.reqs.get_mut(req_idx) else {
+        let Some(req) = self.reqs.get_mut(cqe.req) else {
             self.stats.bad_completions += 1;
             return;
         };
-        let batch_idx = req.batch;
-        let zc = req.zc;
-        let mut first = None;
-        if cqueue::notif(flags) {
-            req.notif_done = true;
+        if cqe.is_notif() {
+            req.copied |= cqe.copied();
             self.stats.completions += 1;
-            if res & sysu::NOTIF_USAGE_ZC_COPIED != 0 {
-                if let Some(b) = self.batches.get_mut(batch_idx) {
-                    b.rec.kernel_copied = true;
-                }
+        } else {
+            self.on_first(cqe.req, cqe.res, out);
+        }
+        if !cqe.last {
+            return;
+        }
+        let req = self.reqs.remove(cqe.req);
+        match op.map(|op| op.downcast::<SendOp<B>>()) {
+            Some(Ok(op)) => self.on_last(req, op, out),
+            // The ring hands every request back with its last CQE, to its owner.
+            _ => self.stats.bad_completions += 1,
+        }
+    }
+
+    /// A request's first CQE: account bytes and pinned pages, decide what follows, let the next
+    /// record of an ordered socket go if this one went whole, and end the stream if it failed.
+    fn on_first(&mut self, idx: usize, res: i32, out: &mut Vec<Released<B>>) {
+        let req = &mut self.reqs[idx];
+        if req.charged && res > 0 {
+            req.pinned = sysu::pin_charge(res as usize);
+            self.pinned += req.pinned;
+        }
+        let then = if res >= 0 {
+            let n = res as usize;
+            self.stats.bytes += n as u64;
+            if !self.merge || n >= req.len {
+                Then::Done // a datagram or a message goes whole
+            } else if n == 0 || self.closing {
+                Then::Fail(libc::EPIPE)
+            } else {
+                Then::Continue
             }
         } else {
-            req.first_done = true;
-            if !cqueue::more(flags) {
-                req.notif_done = true;
+            let errno = -res;
+            if self.closing {
+                Then::Fail(errno)
+            } else if req.zc && errno == libc::ENOMEM {
+                // The zero-copy budget is full: ENOMEM, io_uring charges pinned pages to
+                // RLIMIT_MEMLOCK (not ENOBUFS: see the module docs).
+                self.stats.enobufs += 1;
+                Then::Budget
+            } else if matches!(errno, libc::ECANCELED | libc::EFAULT)
+                && req.resubmits < MAX_RESUBMITS
+            {
+                // The thread that submitted a parked request exited: the kernel cancelled it
+                // having sent nothing. The socket is fine; submit it again, from this thread.
+                Then::Resubmit
+            } else {
+                Then::Fail(errno)
             }
-            if req.charged && res > 0 {
-                req.pinned = sysu::pin_charge(res as usize);
-                self.pinned += req.pinned;
-            }
-            first = Some(res);
-        }
-        let done = req.first_done && req.notif_done;
-        let mut unpinned = false;
-        if done {
-            let r = self.reqs.remove(req_idx);
-            self.in_flight -= 1;
-            self.pinned -= r.pinned;
-            unpinned = r.pinned > 0;
-            if let Some(b) = self.batches.get_mut(batch_idx) {
-                b.reqs -= 1;
-            }
-        }
-        if let Some(res) = first {
-            self.on_result(batch_idx, res, zc, out);
-        }
-        if unpinned && !self.closing {
-            // Pinned pages came back: retry what the budget refused (never on a refused
-            // request's own completion, which pinned nothing).
-            for d in std::mem::take(&mut self.deferred) {
-                self.to_push.push_back((d, true));
-            }
-        }
-        self.settle(batch_idx, out);
-    }
-
-    /// A request's first CQE: account bytes, continue a short send, wait for the budget or copy,
-    /// resubmit a cancelled request, or fail the batch.
-    fn on_result(&mut self, batch_idx: usize, res: i32, zc: bool, out: &mut Vec<Released<B>>) {
-        let merge = self.merge;
-        let Some(b) = self.batches.get_mut(batch_idx) else {
-            return;
         };
-        if res >= 0 {
-            let n = res as usize;
-            b.rec.sent += n;
-            self.stats.bytes += n as u64;
-            if n > 0 {
-                b.resubmits = 0;
-            }
-            if !merge {
-                b.rec.sent = b.rec.total; // a datagram or a message goes whole
-            }
-            if b.rec.left() == 0 {
-                if self.ordered {
-                    self.busy = false;
-                }
-                return;
-            }
-            if n == 0 || self.closing {
-                let errno = libc::EPIPE;
-                b.rec.error = Some(io::Error::from_raw_os_error(errno));
-                self.break_stream(errno, out);
-                return;
-            }
-            // MSG_WAITALL stopped short (its thread exited, measured on 6.18): go on from there.
-            b.waiting = true;
-            self.to_push.push_back((batch_idx, zc));
-            return;
-        }
-        let errno = -res;
-        if self.closing {
-            b.rec.error = Some(io::Error::from_raw_os_error(errno));
-            return;
-        }
-        // The zero-copy budget is full: ENOMEM, io_uring charges pinned pages to RLIMIT_MEMLOCK
-        // (not ENOBUFS: see the module docs). Wait for this sender's pinned pages if they would
-        // make room; else copy. Never retried on the refused request's own completion.
-        if zc && errno == libc::ENOMEM {
-            self.stats.enobufs += 1;
-            b.waiting = true;
-            let refusal = Refusal {
-                freed: false,
-                may_free: sysu::pin_charge(b.rec.left()) <= self.pinned,
-            };
-            match policy::on_budget_refusal(refusal) {
-                BudgetAction::Wait => self.deferred.push(batch_idx),
-                BudgetAction::Copy | BudgetAction::Retry => {
-                    b.rec.fallback = true;
-                    self.to_push.push_back((batch_idx, false));
-                }
-            }
-            return;
-        }
-        // The thread that submitted a parked request exited: the kernel cancelled it having sent
-        // nothing. The socket is fine; submit it again, from this thread.
-        if matches!(errno, libc::ECANCELED | libc::EFAULT) && b.resubmits < MAX_RESUBMITS {
-            b.resubmits += 1;
-            b.waiting = true;
-            self.to_push.push_back((batch_idx, zc));
-            return;
-        }
-        b.rec.error = Some(io::Error::from_raw_os_error(errno));
-        if self.ordered {
-            self.break_stream(errno, out);
+        req.first = Some((res, then));
+        match then {
+            Then::Done if self.ordered => self.busy = false,
+            // After a failed stream send nothing more may go out.
+            Then::Fail(errno) if self.ordered => self.break_stream(errno, out),
+            _ => {}
         }
     }
 
-    /// Releases `batch` if it is done: nothing of it in the kernel or still to push, and every
-    /// byte sent or an error recorded.
-    fn settle(&mut self, batch_idx: usize, out: &mut Vec<Released<B>>) {
-        let done = self.batches.get(batch_idx).is_some_and(|b| {
-            b.reqs == 0 && !b.waiting && (b.rec.left() == 0 || b.rec.error.is_some())
-        });
-        if done {
-            let b = self.batches.remove(batch_idx);
-            self.held -= b.rec.bufs.len();
-            b.rec.release(self.zc, &mut self.stats, out);
+    /// A request's last CQE: its record is back. Release it, or push what follows.
+    fn on_last(&mut self, req: Req, mut op: Box<SendOp<B>>, out: &mut Vec<Released<B>>) {
+        if req.pinned > 0 {
+            self.pinned -= req.pinned;
+            if !self.closing {
+                // Pinned pages came back: retry what the budget refused (never on a refused
+                // request's own completion, which pinned nothing).
+                self.to_push.extend(self.deferred.drain(..));
+            }
         }
+        // The ring awaits a first CQE before it calls a request finished.
+        let (res, then) = req.first.unwrap_or((-libc::EIO, Then::Fail(libc::EIO)));
+        let rec = op.record_mut();
+        rec.kernel_copied |= req.copied;
+        if res >= 0 {
+            rec.sent += res as usize;
+            if !self.merge {
+                rec.sent = rec.total;
+            }
+        }
+        let then = match then {
+            Then::Continue | Then::Budget | Then::Resubmit if self.closing => {
+                Then::Fail(if res >= 0 { libc::EPIPE } else { -res })
+            }
+            then => then,
+        };
+        match then {
+            Then::Done => self.release(op, out),
+            Then::Fail(errno) => {
+                rec.error = Some(io::Error::from_raw_os_error(errno));
+                self.release(op, out);
+            }
+            Then::Continue => self.to_push.push_back(Next {
+                op,
+                zc: req.zc,
+                resubmits: 0,
+            }),
+            Then::Resubmit => self.to_push.push_back(Next {
+                op,
+                zc: req.zc,
+                resubmits: req.resubmits + 1,
+            }),
+            Then::Budget => {
+                // Wait for this sender's pinned pages if they would make room; else copy.
+                let refusal = Refusal {
+                    freed: false,
+                    may_free: sysu::pin_charge(rec.left()) <= self.pinned,
+                };
+                let mut next = Next {
+                    op,
+                    zc: true,
+                    resubmits: req.resubmits,
+                };
+                match policy::on_budget_refusal(refusal) {
+                    BudgetAction::Wait => self.deferred.push(next),
+                    BudgetAction::Copy | BudgetAction::Retry => {
+                        next.op.record_mut().fallback = true;
+                        next.zc = false;
+                        self.to_push.push_back(next);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives a record back with its report, and keeps its request's box for the next one.
+    fn release(&mut self, op: Box<SendOp<B>>, out: &mut Vec<Released<B>>) {
+        let (rec, op) = op.take();
+        if self.spare.len() < self.cfg.entries as usize {
+            self.spare.push(op);
+        }
+        self.held -= rec.bufs.len();
+        rec.release(self.zc, &mut self.stats, out);
     }
 
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued
@@ -639,33 +640,18 @@ impl<B: SendBuf> UringEngine<B> {
         }
     }
 
-    /// Registers `pool`'s region as fixed buffer 0 of the ring (`IORING_REGISTER_BUFFERS`).
-    pub(crate) fn register(&mut self, pool: &BufPool) -> Result<(), Error> {
-        if !self.zc {
-            return Err(Error::Unsupported {
-                feature: Feature::RegisteredBuffers(EngineKind::Uring),
-                reason: "plain io_uring sends copy anyway; use uring-zc to send from registered \
-                         memory"
-                    .into(),
-            });
-        }
-        self.core().register(pool)
-    }
-
     /// Leaves nothing of this sender's in the SQ and nothing of it parked: cancels its requests
     /// (`IORING_OP_ASYNC_CANCEL` after them in the SQ, so they are submitted first) and submits
     /// until the SQ is empty. If that fails, an SQE may still name the descriptor: it is leaked,
     /// never closed. A cancel that finds no room is tried again once the SQ drained.
-    fn withdraw(&mut self) {
+    fn withdraw(&mut self, ring: &mut Ring) {
         let (owner, fd) = (self.owner, self.raw_fd());
-        let mut cancel = self.in_flight > 0;
-        let mut core = self.core();
+        let mut cancel = !self.reqs.is_empty();
         for _ in 0..2 {
-            if cancel && matches!(core.push_cancel(owner, fd), Ok(true)) {
+            if cancel && matches!(ring.push_cancel(owner, fd), Ok(true)) {
                 cancel = false;
             }
-            if core.submit_all().is_err() {
-                drop(core);
+            if ring.submit_all().is_err() {
                 self.leak_fd = true;
                 return;
             }
@@ -674,16 +660,53 @@ impl<B: SendBuf> UringEngine<B> {
             }
         }
     }
+
+    /// See [`Engine::shutdown`]: returns how many buffers the ring keeps.
+    fn shutdown(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> usize {
+        if self.left {
+            return 0;
+        }
+        let errno = libc::EPIPE;
+        self.closing = true;
+        self.break_stream(errno, out);
+        // Records waiting for a push or for the budget have nothing in the kernel: give them back
+        // with the error.
+        let waiting: Vec<Next<B>> = self
+            .to_push
+            .drain(..)
+            .chain(self.deferred.drain(..))
+            .collect();
+        for Next { mut op, .. } in waiting {
+            op.record_mut()
+                .error
+                .get_or_insert_with(|| io::Error::from_raw_os_error(errno));
+            self.release(op, out);
+        }
+        self.withdraw(ring);
+        // Cancelled requests complete at once (a zero-copy one's notification follows when the
+        // kernel let go of its pages): one more look gives back what it can.
+        self.reap(ring, out);
+        // Requests still in flight: the kernel may still read their buffers and (before it issued
+        // them) their iovecs, msghdr and destination. Leaving hands them to the ring for good,
+        // which leaks them, never frees them.
+        let kept = self.held;
+        ring.leave(self.owner);
+        self.left = true;
+        self.reqs.clear();
+        self.held = 0;
+        kept
+    }
 }
 
 impl<B> Drop for UringEngine<B> {
     fn drop(&mut self) {
-        let owner = self.owner;
-        ring::lock(&self.core).leave(owner);
-        if self.leak_fd {
+        if !self.st.left {
+            self.ring.lock().leave(self.st.owner);
+        }
+        if self.st.leak_fd {
             // An SQE that names this number may still be in the SQ: never let the number be
             // reused.
-            std::mem::forget(self.fd.take());
+            std::mem::forget(self.st.fd.take());
         }
     }
 }
@@ -696,52 +719,54 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        if let Some(errno) = self.broken {
+        let (mut ring, st) = self.split();
+        if let Some(errno) = st.broken {
             return Err(SendError::Io {
                 buf,
                 error: io::Error::from_raw_os_error(errno),
             });
         }
-        if self.queue.len() >= self.cfg.queue_limit {
-            if let Err(error) = self.kick(out) {
+        if st.queue.len() >= st.cfg.queue_limit {
+            if let Err(error) = st.kick(&mut ring, out) {
                 return Err(SendError::Io { buf, error });
             }
-            if self.queue.len() >= self.cfg.queue_limit {
-                self.stats.would_block += 1;
+            if st.queue.len() >= st.cfg.queue_limit {
+                st.stats.would_block += 1;
                 return Err(SendError::WouldBlock(buf));
             }
         }
-        self.queue.push_back((buf, dest));
-        self.held += 1;
-        self.stats.sends += 1;
-        let res = self.issue().and_then(|()| self.core().submit_if_due());
+        st.queue.push_back((buf, dest));
+        st.held += 1;
+        st.stats.sends += 1;
+        let res = st.issue(&mut ring).and_then(|()| ring.submit_if_due());
         // The buffer is queued either way; the next progress enters again and reports a failure.
         if res.is_err() {
-            self.owed = true;
+            st.owed = true;
         }
         Ok(())
     }
 
     fn progress(&mut self, _sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        self.kick(out)
+        let (mut ring, st) = self.split();
+        st.kick(&mut ring, out)
     }
 
     fn held(&self) -> usize {
-        self.held
+        self.st.held
     }
 
     fn readiness(&mut self, _sock: &Socket, _retry: bool) -> Readiness {
         // Whoever waits next must not leave requests unsubmitted: they could be waiting behind
         // another socket's request that never completes.
-        let mut core = self.core();
-        let failed = core.submit().is_err();
-        let fd = core.fd();
-        drop(core);
-        if failed || self.owed {
+        let (mut ring, st) = self.split();
+        let failed = ring.submit().is_err();
+        let fd = ring.fd();
+        drop(ring);
+        if failed || st.owed {
             // Something could not be submitted or pushed: the next progress must try again (and
             // report a failure), so the wait must end at once. A ring's fd is writable while its
             // SQ has room, which a failed submit leaves as it was.
-            self.owed = true;
+            st.owed = true;
             return Readiness {
                 fd,
                 events: libc::POLLIN | libc::POLLOUT,
@@ -754,61 +779,34 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     }
 
     fn wait_slice(&self) -> Option<Duration> {
-        if self.owed {
+        if self.st.owed {
             // Not even a full SQ may make the wait on POLLOUT endless.
             return Some(Duration::ZERO);
         }
         // Another sender on a shared ring may reap our completions into our inbox without the
         // ring's fd ever waking us: look again soon.
-        (Arc::strong_count(&self.core) > 1).then_some(SHARED_WAIT_SLICE)
+        (Arc::strong_count(&self.ring) > 1).then_some(SHARED_WAIT_SLICE)
     }
 
     fn stats(&self) -> Stats {
-        self.stats
+        self.st.stats
     }
 
     fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
-        self.register(pool)
+        if !self.st.zc {
+            return Err(Error::Unsupported {
+                feature: Feature::RegisteredBuffers(EngineKind::Uring),
+                reason: "plain io_uring sends copy anyway; use uring-zc to send from registered \
+                         memory"
+                    .into(),
+            });
+        }
+        self.ring.register(pool)
     }
 
-    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> Vec<B> {
-        let errno = libc::EPIPE;
-        self.closing = true;
-        self.break_stream(errno, out);
-        // Batches waiting for a push or for the budget have nothing in the kernel unless an
-        // earlier request of theirs is still out: give those back with the error.
-        let waiting: Vec<usize> = self
-            .to_push
-            .drain(..)
-            .map(|(b, _)| b)
-            .chain(self.deferred.drain(..))
-            .collect();
-        for idx in waiting {
-            if let Some(b) = self.batches.get_mut(idx) {
-                b.waiting = false;
-                b.rec
-                    .error
-                    .get_or_insert_with(|| io::Error::from_raw_os_error(errno));
-            }
-            self.settle(idx, out);
-        }
-        self.withdraw();
-        // Cancelled requests complete at once (a zero-copy one's notification follows when the
-        // kernel let go of its pages): one more look gives back what it can.
-        self.reap(out);
-        // Requests still in flight: the kernel may still read their buffers and (before it issued
-        // them) their iovecs, msghdr and destination, so all of it is leaked, never freed.
-        for req in self.reqs.drain() {
-            std::mem::forget(req);
-        }
-        let mut kept = Vec::new();
-        for b in self.batches.drain() {
-            let Record { bufs, dest, .. } = b.rec;
-            std::mem::forget(dest);
-            kept.extend(bufs);
-        }
-        self.held = 0;
-        kept
+    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize {
+        let (mut ring, st) = self.split();
+        st.shutdown(&mut ring, out)
     }
 }
 

@@ -5,7 +5,7 @@
 //! [`syscall!`] macro and retries `EINTR` in one place ([`retry`]).
 #![allow(unsafe_code)]
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::{self, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
@@ -170,28 +170,22 @@ pub fn send_to(
     })
 }
 
-/// `sendmsg(2)` with `MSG_DONTWAIT | MSG_NOSIGNAL | extra_flags`, retried on `EINTR`.
-#[allow(dead_code)] // to be merged with the io_uring msghdr builder
-pub fn sendmsg(
-    fd: BorrowedFd<'_>,
-    iov: &[IoSlice<'_>],
-    dest: Option<&SockAddr>,
-    extra_flags: libc::c_int,
-) -> io::Result<usize> {
+/// The `msghdr` of a send: the iovecs `iov` and, for an unconnected datagram socket, the
+/// destination `dest`; no control data. The one builder behind the io_uring
+/// `SENDMSG`/`SENDMSG_ZC` requests ([`uring::SendOp`]). The header only holds pointers: whoever
+/// hands it to the kernel keeps `iov`, the memory it names and `dest` alive and in place until the
+/// kernel is done reading them (the end of the call for `sendmsg`, the request's last CQE for
+/// io_uring).
+pub(crate) fn send_msghdr(iov: &[libc::iovec], dest: Option<&SockAddr>) -> libc::msghdr {
     // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
     if let Some(addr) = dest {
         msg.msg_name = addr.as_ptr() as *mut libc::c_void;
         msg.msg_namelen = addr.len();
     }
-    // IoSlice is guaranteed ABI-compatible with iovec on Unix.
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len() as _;
-    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | extra_flags;
-    retry(|| {
-        let n = syscall!(sendmsg(fd.as_raw_fd(), &msg, flags))?;
-        Ok(n as usize)
-    })
+    msg
 }
 
 /// One message read from the socket error queue.

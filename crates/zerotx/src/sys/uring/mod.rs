@@ -1,5 +1,21 @@
-//! io_uring calls, through the `io-uring` crate (whose submission `push` is `unsafe` because the
-//! kernel reads the buffers it names after the call returns).
+//! The kernel side of io_uring: everything the uring engines hand the kernel or read back.
+//!
+//! - [`Ring`] (`ring.rs`): the io_uring instance. It owns every request from its push until its
+//!   last CQE, routes completions to the senders (*owners*) sharing it, submits (retrying `EINTR`,
+//!   tolerating `EBUSY`, flushing overflowed completions) and registers buffers.
+//! - [`SendOp`] and the other requests (`op.rs`): each owns the memory its SQE points at and
+//!   builds that SQE itself, so pushing one is safe.
+//! - The probes (below): which opcodes and flags this kernel has, asked once per process; what
+//!   io_uring charges against `RLIMIT_MEMLOCK`; the fault hooks the tests inject.
+//!
+//! `send_zc_once` pushes through the `io-uring` crate directly (an `unsafe` push, because the
+//! kernel reads the buffer after the call returns) and waits for its request before returning.
+
+mod op;
+mod ring;
+
+pub(crate) use op::{SendKind, SendOp};
+pub(crate) use ring::{Completion, Refused, Ring, CANCEL, MAX_REGISTERED};
 
 use std::cell::Cell;
 use std::io;
@@ -148,7 +164,7 @@ pub fn inject(faults: Faults) {
 }
 
 /// An invalid `ioprio` bit, if a bad SQE is due on this thread.
-pub(crate) fn take_bad_sqe() -> u16 {
+pub(super) fn take_bad_sqe() -> u16 {
     let mut f = FAULTS.get();
     if f.bad_sqes == 0 {
         return 0;
@@ -158,7 +174,7 @@ pub(crate) fn take_bad_sqe() -> u16 {
     1 << 15
 }
 
-fn take_failed_enter() -> Option<io::Error> {
+pub(super) fn take_failed_enter() -> Option<io::Error> {
     let mut f = FAULTS.get();
     if f.failed_enters == 0 {
         return None;
@@ -171,15 +187,6 @@ fn take_failed_enter() -> Option<io::Error> {
         f.enter_errno
     };
     Some(io::Error::from_raw_os_error(errno))
-}
-
-/// `io_uring_enter` for what the SQ holds (with `IORING_ENTER_GETEVENTS` when the kernel holds
-/// overflowed completions, which flushes them), retried on `EINTR`. Returns the SQEs consumed.
-pub(crate) fn submit(ring: &IoUring) -> io::Result<usize> {
-    if let Some(e) = take_failed_enter() {
-        return Err(e);
-    }
-    crate::sys::retry(|| ring.submit())
 }
 
 #[cfg(test)]

@@ -1,0 +1,168 @@
+//! The ring behind the uring engines, private to one sender or shared by several
+//! ([`UringShared`]) so one `io_uring_enter` submits requests for many sockets. The ring itself
+//! (owners, inboxes, submission, the memory of requests in flight) is [`sys::uring::Ring`]; this
+//! module adds the settings every sender on it uses, the lock, and the public handle.
+//!
+//! [`sys::uring::Ring`]: crate::sys::uring::Ring
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::buf::BufPool;
+use crate::error::Error;
+use crate::sys::uring::{Ring, MAX_REGISTERED};
+
+use super::uring::UringConfig;
+
+/// A ring and the settings of every sender on it.
+pub(crate) struct SharedRing {
+    /// As given, with `batch` capped at `UIO_MAXIOV` (one request's iovecs).
+    pub(crate) cfg: UringConfig,
+    ring: Mutex<Ring>,
+}
+
+impl SharedRing {
+    /// Creates the ring (`io_uring_setup`).
+    pub(crate) fn new(cfg: UringConfig) -> Result<Arc<Self>, Error> {
+        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 {
+            return Err(Error::Config {
+                problem: format!("UringConfig {cfg:?} has a zero entries, batch or queue limit"),
+                fix: "give each at least 1".into(),
+            });
+        }
+        let cfg = UringConfig {
+            batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
+            ..cfg
+        };
+        let ring = Ring::new(cfg.entries, cfg.batch).map_err(|source| Error::Io {
+            context: match source.raw_os_error() {
+                Some(libc::ENOMEM) => {
+                    "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
+                     CAP_IPC_LOCK; raise the limit or lower UringConfig::entries"
+                }
+                _ => "io_uring_setup",
+            },
+            source,
+        })?;
+        Ok(Arc::new(Self {
+            cfg,
+            ring: Mutex::new(ring),
+        }))
+    }
+
+    /// Locks the ring, recovering from a poisoned lock (the ring's state is updated atomically
+    /// per call, so a panic elsewhere leaves it consistent).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers `pool` as fixed buffer 0 of the ring, once: the same pool again is a no-op.
+    pub(crate) fn register(&self, pool: &BufPool) -> Result<(), Error> {
+        let mut ring = self.lock();
+        if let Some(p) = ring.registered() {
+            if p.region_id() == pool.region_id() {
+                return Ok(());
+            }
+            return Err(Error::Config {
+                problem: "a second BufPool registered with one ring".into(),
+                fix: "a ring registers one BufPool; draw every buffer from it".into(),
+            });
+        }
+        let (_, len) = pool.region();
+        if len > MAX_REGISTERED {
+            return Err(Error::Config {
+                problem: format!("registering a BufPool of {} MiB", len >> 20),
+                fix: "io_uring registers at most 1 GiB per buffer (IORING_REGISTER_BUFFERS \
+                      answers EFAULT above it); use pools of at most 1 GiB"
+                    .into(),
+            });
+        }
+        ring.register(pool).map_err(|source| Error::Io {
+            context: "io_uring_register(IORING_REGISTER_BUFFERS)",
+            source,
+        })
+    }
+}
+
+/// One io_uring shared by several senders, so one `io_uring_enter` carries requests for many
+/// sockets (set [`SenderConfig::ring`](crate::SenderConfig::ring)).
+///
+/// Senders on a shared ring may live on different threads; the ring is locked per operation. A
+/// sender that waits polls the ring in short slices, since another sender may reap its
+/// completions for it. Registered buffers belong to the ring: [`register_pool`] once, and every
+/// `uring-zc` sender on it sends that pool's buffers from registered memory.
+///
+/// - **Waiting.** Requests are entered in batches: a request pushed while others are in flight
+///   waits in the SQ until the batch fills or someone calls [`Sender::readiness`], which enters
+///   for every sender on the ring. Call `readiness()` right before every wait (the blocking calls
+///   do); an event loop that registers the ring's fd once and waits without it can stall until an
+///   unrelated request completes.
+/// - **Threads.** io_uring retries a request that found its socket full on the thread that
+///   submitted it: the thread whose call (`send`, `reap`, `flush`, `readiness`...) entered the
+///   kernel, on a shared ring possibly for another sender's request. If that thread has exited,
+///   the kernel cancels the request when the socket drains (measured on 6.18: `-ECANCELED` having
+///   sent nothing, or the bytes sent before the thread exited). zerotx submits the rest again from
+///   the next thread that makes progress, so no thread has to outlive its requests; each such exit
+///   costs a resubmission.
+/// - **Closing.** A sender closed or dropped here submits whatever it left in the SQ and cancels
+///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back (a
+///   zero-copy request that already sent keeps its slot until its notification, when the kernel
+///   lets go of the pages: with a peer that never reads, until the connection ends). Its SQEs
+///   name the socket through the sender's own duplicate of the descriptor, closed only once no
+///   unsubmitted SQE can name it (leaked if `io_uring_enter` failed), so the caller's descriptor
+///   number can be reused at once without a stale request reaching the new socket. The buffers
+///   of requests still in flight are kept (leaked, never freed, counted in
+///   [`leaked_buffers`](crate::leaked_buffers)), as are those of requests in flight when the
+///   last handle to the ring goes.
+///
+/// [`register_pool`]: UringShared::register_pool
+/// [`Sender::readiness`]: crate::Sender::readiness
+#[derive(Clone)]
+pub struct UringShared {
+    pub(crate) ring: Arc<SharedRing>,
+}
+
+impl std::fmt::Debug for UringShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ring = self.ring.lock();
+        f.debug_struct("UringShared")
+            .field("entries", &ring.entries())
+            .field("in_flight", &ring.in_flight())
+            .field("enters", &ring.enters())
+            .finish()
+    }
+}
+
+impl UringShared {
+    /// Creates the ring (`io_uring_setup`).
+    pub fn new(cfg: UringConfig) -> Result<Self, Error> {
+        Ok(Self {
+            ring: SharedRing::new(cfg)?,
+        })
+    }
+
+    /// Registers `pool`'s memory with the ring (`IORING_REGISTER_BUFFERS`).
+    pub fn register_pool(&self, pool: &BufPool) -> Result<(), Error> {
+        self.ring.register(pool)
+    }
+
+    /// `io_uring_enter` calls made so far, by every sender on the ring.
+    pub fn enters(&self) -> u64 {
+        self.ring.lock().enters()
+    }
+
+    /// Test hook: queues `n` `IORING_OP_NOP`s that belong to no sender, as if another sender had
+    /// filled the SQ, and submits them when `submit` (their completions can then fill the CQ).
+    #[doc(hidden)]
+    pub fn inject_nops(&self, n: u32, submit: bool) -> std::io::Result<()> {
+        let mut ring = self.ring.lock();
+        for _ in 0..n {
+            if !ring.push_nop()? {
+                return Err(std::io::Error::other("the SQ stayed full"));
+            }
+        }
+        if submit {
+            ring.submit()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,198 @@
+//! The requests a [`Ring`](super::Ring) carries. Each owns every byte its SQE points at and builds
+//! that SQE itself (compio's `OpCode::create_entry` habit), so the ring can take one by value and
+//! push it safely: the ring keeps the boxed request, untouched, until its last CQE.
+//!
+//! - [`SendOp`]: one send of a [`Record`] (its buffers and destination): `IORING_OP_SENDMSG`,
+//!   `IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` from a registered buffer. Its iovecs (inline
+//!   for one buffer) and `msghdr` live in the request; a finished request's box is handed back to
+//!   the engine, which reuses it, so a send allocates nothing once the engine is warm.
+//! - [`Cancel`] (`IORING_OP_ASYNC_CANCEL` by descriptor) and [`Nop`] point at no memory.
+
+use std::any::Any;
+use std::os::fd::RawFd;
+
+use io_uring::{opcode, squeue, types};
+use smallvec::SmallVec;
+
+use crate::buf::SendBuf;
+use crate::engine::record::Record;
+
+/// A request a ring can carry.
+///
+/// # Safety
+/// The entry [`entry`](Op::entry) returns may point only at memory the value owns: its own fields,
+/// or the bytes of the [`SendBuf`]s it holds. All of it must stay valid, in place and unchanged
+/// for as long as the value lives at the address `entry` was called on, without anyone touching
+/// the value (the ring keeps it boxed and untouched until the request's last CQE, then hands the
+/// box back; it never drops one earlier).
+pub(crate) unsafe trait Op: Any + Send {
+    /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
+    fn entry(&mut self) -> squeue::Entry;
+}
+
+/// How a [`SendOp`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendKind {
+    /// `IORING_OP_SENDMSG`: the kernel copies.
+    Copy,
+    /// `IORING_OP_SENDMSG_ZC` with these `zc_flags` (in the SQE's `ioprio`).
+    ZeroCopy {
+        /// `IORING_SEND_ZC_REPORT_USAGE` where the kernel has it.
+        zc_flags: u16,
+    },
+    /// `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` from registered buffer `index`: the
+    /// record must hold one buffer, lying in that registered buffer (else the kernel answers
+    /// `EFAULT`).
+    Fixed {
+        /// The registered buffer the bytes lie in.
+        index: u16,
+        /// As for [`SendKind::ZeroCopy`].
+        zc_flags: u16,
+    },
+}
+
+/// One send request: the unsent part of a [`Record`], on descriptor `fd`.
+pub(crate) struct SendOp<B> {
+    /// `None` only while the engine keeps the box for reuse.
+    rec: Option<Record<B>>,
+    fd: RawFd,
+    kind: SendKind,
+    flags: i32,
+    /// The record's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`].
+    iov: SmallVec<[libc::iovec; 1]>,
+    /// Points at `iov` and the record's boxed destination; rebuilt by every [`Op::entry`].
+    msg: libc::msghdr,
+}
+
+// SAFETY: the raw pointers in `iov` and `msg` point into this value's own fields and into the
+// bytes of its `SendBuf`s (which are `Send`); nothing here dereferences them, only the kernel
+// reads through them, so the request may move to another thread with its engine or ring.
+unsafe impl<B: Send> Send for SendOp<B> {}
+
+impl<B: SendBuf> SendOp<B> {
+    /// A request for `rec`, in `spare` (a finished request's box) if there is one.
+    pub(crate) fn new(rec: Record<B>, spare: Option<Box<Self>>) -> Box<Self> {
+        match spare {
+            Some(mut op) => {
+                op.rec = Some(rec);
+                op
+            }
+            None => Box::new(Self {
+                rec: Some(rec),
+                fd: -1,
+                kind: SendKind::Copy,
+                flags: 0,
+                iov: SmallVec::new(),
+                msg: crate::sys::send_msghdr(&[], None),
+            }),
+        }
+    }
+
+    /// The record this request sends.
+    pub(crate) fn record(&self) -> &Record<B> {
+        self.rec.as_ref().expect("a request holds its record")
+    }
+
+    /// The record, to account what the kernel did (only its owner can call this: never while the
+    /// ring holds the request).
+    pub(crate) fn record_mut(&mut self) -> &mut Record<B> {
+        self.rec.as_mut().expect("a request holds its record")
+    }
+
+    /// Sets how the next push sends: on `fd`, as `kind`, with `msg_flags` `flags`.
+    pub(crate) fn set(&mut self, fd: RawFd, kind: SendKind, flags: i32) {
+        self.fd = fd;
+        self.kind = kind;
+        self.flags = flags;
+    }
+
+    /// The record back, and the empty box for the next request.
+    pub(crate) fn take(mut self: Box<Self>) -> (Record<B>, Box<Self>) {
+        let rec = self.rec.take().expect("a request holds its record");
+        (rec, self)
+    }
+}
+
+// SAFETY: the entry points at `self.iov` and `self.msg` (fields of the value), at the record's
+// destination (boxed inside the record, which the value owns) and at the unsent bytes of the
+// record's buffers, which `SendBuf` promises stay in place and unchanged while the buffers live:
+// they live in the value. `rec` is replaced only by its owner, never while a ring holds the value.
+unsafe impl<B: SendBuf> Op for SendOp<B> {
+    fn entry(&mut self) -> squeue::Entry {
+        let bad = super::take_bad_sqe();
+        let Self {
+            rec,
+            fd,
+            kind,
+            flags,
+            iov,
+            msg,
+        } = self;
+        let rec = rec.as_ref().expect("a request holds its record");
+        iov.clear();
+        iov.extend(rec.unsent().map(|bytes| libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        }));
+        let dest = rec.dest.as_deref();
+        let fd = types::Fd(*fd);
+        match *kind {
+            SendKind::Fixed { index, zc_flags } => {
+                debug_assert_eq!(iov.len(), 1, "a fixed-buffer request carries one buffer");
+                let one = iov.first().copied().unwrap_or(libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                });
+                // A registered buffer lies in a region of at most 1 GiB (checked at registration),
+                // so its length fits the SQE's 32 bits.
+                let len = u32::try_from(one.iov_len).expect("registered buffers are <= 1 GiB");
+                let mut op = opcode::SendZc::new(fd, one.iov_base as *const u8, len)
+                    .buf_index(Some(index))
+                    .flags(*flags)
+                    .zc_flags(zc_flags | bad);
+                if let Some(d) = dest {
+                    op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
+                }
+                op.build()
+            }
+            SendKind::ZeroCopy { zc_flags } => {
+                *msg = crate::sys::send_msghdr(iov, dest);
+                opcode::SendMsgZc::new(fd, &*msg)
+                    .flags(*flags as u32)
+                    .ioprio(zc_flags | bad)
+                    .build()
+            }
+            SendKind::Copy => {
+                *msg = crate::sys::send_msghdr(iov, dest);
+                opcode::SendMsg::new(fd, &*msg)
+                    .flags(*flags as u32)
+                    .ioprio(bad)
+                    .build()
+            }
+        }
+    }
+}
+
+/// `IORING_OP_ASYNC_CANCEL` of every request on the file descriptor `fd` names
+/// (`IORING_ASYNC_CANCEL_FD | IORING_ASYNC_CANCEL_ALL`, 5.19): parked requests complete with
+/// `-ECANCELED`.
+pub(crate) struct Cancel {
+    pub(crate) fd: RawFd,
+}
+
+// SAFETY: a cancel by descriptor points at no memory.
+unsafe impl Op for Cancel {
+    fn entry(&mut self) -> squeue::Entry {
+        opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(self.fd)).all()).build()
+    }
+}
+
+/// `IORING_OP_NOP`.
+pub(crate) struct Nop;
+
+// SAFETY: a NOP points at no memory.
+unsafe impl Op for Nop {
+    fn entry(&mut self) -> squeue::Entry {
+        opcode::Nop::new().build()
+    }
+}

@@ -1,0 +1,600 @@
+//! The io_uring instance: submission, completion, and the memory of every request in between.
+//!
+//! - **Requests own their memory.** [`Ring::push`] takes a boxed [`Op`] (which built its own SQE)
+//!   and keeps it, untouched, until the request's **last** CQE: the notification of a zero-copy
+//!   send, or a first CQE without `IORING_CQE_F_MORE` (a notification may come before or after
+//!   its request's first CQE: both are awaited). Then the box is handed back with that CQE
+//!   ([`Completion::op`]), type-erased (`Box<dyn Any + Send>`: one ring carries senders of
+//!   different buffer types); its owner downcasts it.
+//! - **Requests that are never handed back are leaked, never freed.** A request of an owner that
+//!   left (its sender was closed or dropped with the request in flight) is forgotten when its last
+//!   CQE arrives, and so is one still in the ring when the ring is dropped. The first keeps the
+//!   owner's word: a sender that leaves reports those buffers as kept (`Closed::kept`,
+//!   `leaked_buffers()`), and freeing them later would also run user `Drop` code on whichever
+//!   thread reaps, under the ring's lock. The second is forced: closing a ring's descriptor only
+//!   starts the kernel's teardown, which cancels and waits for requests asynchronously, so the
+//!   kernel may still read their memory after the ring is gone.
+//! - **Owners.** Each sender on a ring is an *owner*; its requests carry the owner id in the top
+//!   16 bits of `user_data` (the ring's slot of the request in the others). Whoever reaps the
+//!   completion queue routes each CQE to its owner's inbox, so a sender never loses a completion
+//!   another sender happened to reap. An owner's id is given to a new sender only once the owner
+//!   left *and* its last request finished, so no stale CQE reaches the newcomer.
+//! - **Submission.** `io_uring_enter` stops at the first SQE whose preparation fails (that one gets
+//!   an error CQE) and leaves the rest in the SQ ring, so what is still unsubmitted is always read
+//!   from the ring itself, never counted from what was pushed.
+//! - **Completion queue.** Its owners cap requests per ring at the SQ size ([`Ring::has_room`]:
+//!   each posts at most two CQEs; the CQ holds twice as many) when they are formed; a request
+//!   that continues a started one bypasses the cap, so the CQ can still overflow. The kernel then
+//!   keeps the extra CQEs (`IORING_FEAT_NODROP`) until an `io_uring_enter` with `GETEVENTS`: every
+//!   reap and submit enters when the ring says `IORING_SQ_CQ_OVERFLOW`, even with nothing to
+//!   submit.
+//! - **Never spin.** Pushing into a full SQ enters the kernel once; if the SQ is still full the
+//!   request is handed back and the caller tries again at its next progress.
+
+use std::any::Any;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+
+use io_uring::{cqueue, IoUring};
+use slab::Slab;
+
+use super::op::{Cancel, Nop, Op};
+use crate::buf::BufPool;
+
+const OWNER_SHIFT: u32 = 48;
+const SLOT_MASK: u64 = (1 << OWNER_SHIFT) - 1;
+/// An owner id never given to a sender: requests of the test hooks.
+pub(crate) const NOBODY: u16 = u16::MAX;
+/// The request index ([`Cqe::req`]) of an owner's [`Ring::push_cancel`].
+pub(crate) const CANCEL: usize = usize::MAX;
+/// The request index of a CQE whose `user_data` names no request of the ring (a kernel bug).
+pub(crate) const UNKNOWN: usize = usize::MAX - 1;
+/// io_uring registers at most this much memory per buffer (`IORING_REGISTER_BUFFERS` answers
+/// `EFAULT` above it).
+pub(crate) const MAX_REGISTERED: usize = 1 << 30;
+/// Rounds of "drain the CQ, then flush what overflowed into it" per reap.
+const FLUSH_ROUNDS: usize = 4;
+
+/// One completion queue entry, decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cqe {
+    /// The owner whose request it completes (from the top bits of `user_data`).
+    pub(crate) owner: u16,
+    /// The index the owner gave the request when it pushed it ([`CANCEL`] for its cancel).
+    pub(crate) req: usize,
+    /// Bytes, `-errno`, or a notification's usage report.
+    pub(crate) res: i32,
+    /// `IORING_CQE_F_*`.
+    pub(crate) flags: u32,
+    /// The request's last CQE: the kernel is done with it and its memory.
+    pub(crate) last: bool,
+}
+
+impl Cqe {
+    /// `IORING_CQE_F_NOTIF`: a zero-copy request's notification (the kernel let go of the pages).
+    pub(crate) fn is_notif(&self) -> bool {
+        cqueue::notif(self.flags)
+    }
+
+    /// `IORING_CQE_F_MORE`: a notification follows this first CQE.
+    pub(crate) fn more(&self) -> bool {
+        cqueue::more(self.flags)
+    }
+
+    /// A notification whose `res` has `IORING_NOTIF_USAGE_ZC_COPIED`: the kernel copied the data
+    /// after all (only with `IORING_SEND_ZC_REPORT_USAGE`).
+    pub(crate) fn copied(&self) -> bool {
+        self.is_notif() && self.res & super::NOTIF_USAGE_ZC_COPIED != 0
+    }
+}
+
+/// A [`Cqe`] as an owner reaps it.
+pub(crate) struct Completion {
+    /// The entry.
+    pub(crate) cqe: Cqe,
+    /// With the request's last CQE: the request, handed back (downcast it to the type pushed).
+    pub(crate) op: Option<Box<dyn Any + Send>>,
+}
+
+/// A request [`Ring::push`] could not queue, handed back unsubmitted.
+pub(crate) struct Refused<O> {
+    /// The request.
+    pub(crate) op: Box<O>,
+    /// The `io_uring_enter` that tried to make room failed; `None`: the SQ stayed full.
+    pub(crate) error: Option<io::Error>,
+}
+
+/// A request in the ring, and the memory its SQE points at.
+struct Slot {
+    owner: u16,
+    req: usize,
+    first: bool,
+    notif: bool,
+    op: Box<dyn Any + Send>,
+}
+
+/// A sender on the ring.
+struct Owner {
+    inbox: Vec<Completion>,
+    /// Requests pushed and not yet finished (their last CQE not reaped).
+    live: usize,
+    /// The sender is gone; its id comes free when `live` reaches 0.
+    left: bool,
+}
+
+/// An io_uring instance (`io_uring_setup`) shared by owners: see the module docs.
+pub(crate) struct Ring {
+    ring: IoUring,
+    entries: u32,
+    batch: usize,
+    slots: Slab<Slot>,
+    /// By owner id (ids are handed out densely and reused, so this stays as long as the most
+    /// owners ever on the ring at once).
+    owners: Vec<Option<Owner>>,
+    free_ids: Vec<u16>,
+    next_owner: u16,
+    pool: Option<BufPool>,
+    enters: u64,
+}
+
+impl Ring {
+    /// `io_uring_setup` with `entries` SQEs and twice as many CQEs. [`submit_if_due`] enters once
+    /// `batch` SQEs wait.
+    ///
+    /// [`submit_if_due`]: Ring::submit_if_due
+    pub(crate) fn new(entries: u32, batch: usize) -> io::Result<Self> {
+        let ring = IoUring::builder()
+            .setup_cqsize(entries.saturating_mul(2))
+            .build(entries)?;
+        Ok(Self {
+            ring,
+            entries,
+            batch,
+            slots: Slab::new(),
+            owners: Vec::new(),
+            free_ids: Vec::new(),
+            next_owner: 0,
+            pool: None,
+            enters: 0,
+        })
+    }
+
+    /// A new owner: a free id (one whose owner left and whose requests all finished), or the next
+    /// never used; `None` when 65535 owners are on the ring.
+    pub(crate) fn join(&mut self) -> Option<u16> {
+        let owner = match self.free_ids.pop() {
+            Some(id) => id,
+            None if self.next_owner < NOBODY => {
+                self.next_owner += 1;
+                self.next_owner - 1
+            }
+            None => return None,
+        };
+        let i = usize::from(owner);
+        if self.owners.len() <= i {
+            self.owners.resize_with(i + 1, || None);
+        }
+        self.owners[i] = Some(Owner {
+            inbox: Vec::new(),
+            live: 0,
+            left: false,
+        });
+        Some(owner)
+    }
+
+    /// The owner left: its requests still in flight, and those already finished but not reaped,
+    /// are leaked (see the module docs), and its id is reused once its last request finished.
+    pub(crate) fn leave(&mut self, owner: u16) {
+        let Some(o) = self.owner(owner) else {
+            return;
+        };
+        o.left = true;
+        for c in o.inbox.drain(..) {
+            std::mem::forget(c.op);
+        }
+        o.inbox = Vec::new();
+        if o.live == 0 {
+            self.owners[usize::from(owner)] = None;
+            self.free_ids.push(owner);
+        }
+    }
+
+    fn owner(&mut self, owner: u16) -> Option<&mut Owner> {
+        self.owners.get_mut(usize::from(owner))?.as_mut()
+    }
+
+    /// The ring's descriptor: readable when CQEs wait, writable while the SQ has room.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.ring.as_raw_fd()
+    }
+
+    /// SQ entries (the cap on requests in flight).
+    pub(crate) fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Requests pushed and not yet finished, every owner's.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// `io_uring_enter` calls made so far.
+    pub(crate) fn enters(&self) -> u64 {
+        self.enters
+    }
+
+    /// Requests may be added without overflowing the CQ.
+    pub(crate) fn has_room(&self) -> bool {
+        self.slots.len() < self.entries as usize
+    }
+
+    /// SQEs in the SQ ring that the kernel has not consumed, every owner's.
+    fn sq_len(&mut self) -> usize {
+        self.ring.submission().len()
+    }
+
+    /// The kernel holds completions the CQ had no room for.
+    fn cq_overflow(&mut self) -> bool {
+        self.ring.submission().cq_overflow()
+    }
+
+    /// Queues `op` for `owner` as its request `req` (the index its CQEs will carry). A full SQ is
+    /// met with one `io_uring_enter`; if it is still full, or that enter failed, `op` comes back
+    /// unqueued. The ring keeps a queued `op` until its last CQE.
+    pub(crate) fn push<O: Op>(
+        &mut self,
+        owner: u16,
+        req: usize,
+        mut op: Box<O>,
+    ) -> Result<(), Refused<O>> {
+        let slot = self.slots.vacant_key();
+        let entry = op
+            .entry()
+            .user_data((u64::from(owner) << OWNER_SHIFT) | slot as u64);
+        // SAFETY: the entry points only at memory `op` owns (the `Op` contract), in its box. The
+        // box goes into slot `slot` below, untouched, and leaves it only with the request's last
+        // CQE (or is leaked: see the module docs). If the push fails, nothing was queued.
+        if unsafe { self.ring.submission().push(&entry) }.is_err() {
+            if let Err(e) = self.submit() {
+                return Err(Refused { op, error: Some(e) });
+            }
+            // SAFETY: as above (`submit` enters the kernel but changes no slot).
+            if unsafe { self.ring.submission().push(&entry) }.is_err() {
+                return Err(Refused { op, error: None });
+            }
+        }
+        let key = self.slots.insert(Slot {
+            owner,
+            req,
+            first: false,
+            notif: false,
+            op,
+        });
+        debug_assert_eq!(key, slot);
+        if let Some(o) = self.owner(owner) {
+            o.live += 1;
+        }
+        Ok(())
+    }
+
+    /// Queues an `IORING_OP_ASYNC_CANCEL` of every request of `owner` on the file `fd` names;
+    /// its CQE carries [`CANCEL`]. Only submitted requests can be cancelled: submit before it
+    /// leaves the SQ. `Ok(false)`: the SQ stayed full.
+    pub(crate) fn push_cancel(&mut self, owner: u16, fd: RawFd) -> io::Result<bool> {
+        match self.push(owner, CANCEL, Box::new(Cancel { fd })) {
+            Ok(()) => Ok(true),
+            Err(Refused { error: None, .. }) => Ok(false),
+            Err(Refused { error: Some(e), .. }) => Err(e),
+        }
+    }
+
+    /// Queues an `IORING_OP_NOP` that belongs to no owner (a test hook). `Ok(false)`: the SQ
+    /// stayed full.
+    pub(crate) fn push_nop(&mut self) -> io::Result<bool> {
+        match self.push(NOBODY, 0, Box::new(Nop)) {
+            Ok(()) => Ok(true),
+            Err(Refused { error: None, .. }) => Ok(false),
+            Err(Refused { error: Some(e), .. }) => Err(e),
+        }
+    }
+
+    /// `io_uring_enter` for everything in the SQ, from every owner, and to flush completions the
+    /// kernel holds after a CQ overflow. The kernel stops at an SQE that fails its preparation
+    /// (posting its error CQE) and leaves the rest in the ring: enter again while that makes
+    /// progress (bounded by the SQ length).
+    pub(crate) fn submit(&mut self) -> io::Result<()> {
+        let mut overflow = self.cq_overflow();
+        loop {
+            let pending = self.sq_len();
+            if pending == 0 && !overflow {
+                return Ok(());
+            }
+            overflow = false;
+            match self.enter() {
+                Ok(n) if n > 0 && n < pending => continue,
+                Ok(_) => return Ok(()),
+                // 5.x: completions are backed up and cannot be flushed yet; the caller reaps
+                // and submits on its next progress.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// `io_uring_enter` for what the SQ holds (with `IORING_ENTER_GETEVENTS` when the kernel holds
+    /// overflowed completions, which flushes them), retried on `EINTR`. Returns the SQEs consumed.
+    /// The test hooks can make it fail ([`super::inject`]).
+    fn enter(&mut self) -> io::Result<usize> {
+        self.enters += 1;
+        if let Some(e) = super::take_failed_enter() {
+            return Err(e);
+        }
+        crate::sys::retry(|| self.ring.submit())
+    }
+
+    /// Submits until the SQ is empty; fails if something is left in it.
+    pub(crate) fn submit_all(&mut self) -> io::Result<()> {
+        self.submit()?;
+        match self.sq_len() {
+            0 => Ok(()),
+            n => Err(io::Error::other(format!(
+                "io_uring_enter left {n} SQEs in the submission queue"
+            ))),
+        }
+    }
+
+    /// Enters the kernel if a batch is full, if nothing submitted is still in flight (then no
+    /// completion would come to wake a waiter), or if completions overflowed.
+    pub(crate) fn submit_if_due(&mut self) -> io::Result<()> {
+        let pending = self.sq_len();
+        let submitted_in_flight = self.slots.len().saturating_sub(pending);
+        if (pending > 0 && (pending >= self.batch || submitted_in_flight == 0))
+            || self.cq_overflow()
+        {
+            self.submit()
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Drains the CQ into the owners' inboxes (flushing what overflowed) and moves `owner`'s into
+    /// `out`. A request leaves the ring with its last CQE, whoever reaps it.
+    pub(crate) fn reap_for(&mut self, owner: u16, out: &mut Vec<Completion>) {
+        for _ in 0..FLUSH_ROUNDS {
+            self.drain_cq();
+            if !self.cq_overflow() {
+                break;
+            }
+            // The CQ is empty now: an enter with GETEVENTS moves the overflowed CQEs into it. A
+            // failure shows at the next submit, which enters again.
+            if self.enter().is_err() {
+                break;
+            }
+        }
+        if let Some(o) = self.owner(owner) {
+            out.append(&mut o.inbox);
+        }
+    }
+
+    fn drain_cq(&mut self) {
+        let mut gone = Vec::new();
+        for e in self.ring.completion() {
+            let ud = e.user_data();
+            let idx = (ud & SLOT_MASK) as usize;
+            let mut cqe = Cqe {
+                owner: (ud >> OWNER_SHIFT) as u16,
+                req: UNKNOWN,
+                res: e.result(),
+                flags: e.flags(),
+                last: false,
+            };
+            let who = cqe.owner;
+            if let Some(s) = self.slots.get_mut(idx).filter(|s| s.owner == who) {
+                if cqe.is_notif() {
+                    s.notif = true;
+                } else {
+                    s.first = true;
+                    s.notif |= !cqe.more();
+                }
+                cqe.req = s.req;
+                cqe.last = s.first && s.notif;
+            }
+            let op = cqe.last.then(|| self.slots.remove(idx).op);
+            // No owner: a test hook's request, dropped (the kernel is done with it).
+            let Some(o) = self
+                .owners
+                .get_mut(usize::from(who))
+                .and_then(Option::as_mut)
+            else {
+                continue;
+            };
+            if cqe.last {
+                o.live -= 1;
+            }
+            if !o.left {
+                o.inbox.push(Completion { cqe, op });
+            } else {
+                // Its sender counted it as kept: leak it (see the module docs).
+                std::mem::forget(op);
+                if o.live == 0 {
+                    gone.push(who);
+                }
+            }
+        }
+        for who in gone {
+            self.owners[usize::from(who)] = None;
+            self.free_ids.push(who);
+        }
+    }
+
+    /// Registers `pool`'s region as fixed buffer 0 (`IORING_REGISTER_BUFFERS`); the ring keeps
+    /// the pool (and so its memory) for as long as it lives. The kernel refuses a second
+    /// registration (`EBUSY`) and a region over [`MAX_REGISTERED`] (`EFAULT`).
+    pub(crate) fn register(&mut self, pool: &BufPool) -> io::Result<()> {
+        let (base, len) = pool.region();
+        let iov = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: len,
+        };
+        // SAFETY: the region stays allocated while `self.pool` holds a clone of the pool, which
+        // it does for as long as the ring (and so the registration) lives.
+        unsafe { self.ring.submitter().register_buffers(&[iov]) }?;
+        self.pool = Some(pool.clone());
+        Ok(())
+    }
+
+    /// The pool registered as fixed buffer 0, if any.
+    pub(crate) fn registered(&self) -> Option<&BufPool> {
+        self.pool.as_ref()
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // The kernel tears the ring down after its descriptor closes, asynchronously: what is
+        // still in flight may be read after that. Leak it (see the module docs).
+        for slot in self.slots.drain() {
+            std::mem::forget(slot.op);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, UdpSocket};
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::buf::SendBuf;
+    use crate::engine::record::Record;
+    use crate::sys::uring::{SendKind, SendOp};
+
+    /// A buffer that counts its drops.
+    struct Counted(Vec<u8>, Arc<AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    // SAFETY: the Vec's heap bytes do not move with the value, and nothing changes them.
+    unsafe impl SendBuf for Counted {
+        fn as_bytes(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    /// A UDP socket connected to itself on 127.0.0.1, and a `SENDMSG_ZC` of 1000 bytes on it.
+    fn setup(drops: &Arc<AtomicUsize>) -> Option<(UdpSocket, Box<SendOp<Counted>>)> {
+        if !crate::sys::uring::probe().is_ok_and(|p| p.sendmsg_zc) {
+            eprintln!("SKIPPED: no IORING_OP_SENDMSG_ZC");
+            return None;
+        }
+        let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        sock.connect(sock.local_addr().unwrap()).unwrap();
+        let rec = Record::new(Counted(vec![7; 1000], drops.clone()), None, None);
+        let mut op = SendOp::new(rec, None);
+        op.set(
+            sock.as_raw_fd(),
+            SendKind::ZeroCopy { zc_flags: 0 },
+            libc::MSG_NOSIGNAL,
+        );
+        Some((sock, op))
+    }
+
+    /// Reaps for `owner` until the ring has nothing in flight.
+    fn reap_all(ring: &mut Ring, owner: u16) -> Vec<Completion> {
+        let mut out = Vec::new();
+        for _ in 0..100 {
+            ring.reap_for(owner, &mut out);
+            if ring.in_flight() == 0 {
+                return out;
+            }
+            crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_millis(50))).unwrap();
+        }
+        panic!("requests still in flight after 5 s");
+    }
+
+    #[test]
+    fn a_request_comes_back_with_its_last_cqe_only() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let Some((_sock, op)) = setup(&drops) else {
+            return;
+        };
+        let mut ring = Ring::new(8, 4).unwrap();
+        let owner = ring.join().unwrap();
+        assert!(ring.push(owner, 5, op).is_ok());
+        ring.submit().unwrap();
+        let got = reap_all(&mut ring, owner);
+        let (last, before) = got.split_last().unwrap();
+        assert!(last.cqe.last && last.op.is_some(), "{:?}", last.cqe);
+        for c in before {
+            assert!(!c.cqe.last && c.op.is_none(), "{:?}", c.cqe);
+        }
+        // A zero-copy send posts its result and a notification, in either order.
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().any(|c| c.cqe.is_notif()));
+        let first = got.iter().find(|c| !c.cqe.is_notif()).unwrap().cqe;
+        assert_eq!((first.owner, first.req, first.res), (owner, 5, 1000));
+        assert!(first.more());
+        let op = got
+            .into_iter()
+            .find_map(|c| c.op)
+            .unwrap()
+            .downcast::<SendOp<Counted>>()
+            .unwrap_or_else(|_| panic!("not the type pushed"));
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        let (rec, _) = op.take();
+        assert_eq!(rec.bufs[0].0, vec![7; 1000]);
+        drop(rec);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn requests_of_an_owner_that_left_or_of_a_dropped_ring_are_leaked_not_freed() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let Some((_sock, op)) = setup(&drops) else {
+            return;
+        };
+        let mut ring = Ring::new(8, 4).unwrap();
+        let owner = ring.join().unwrap();
+        let other = ring.join().unwrap();
+        assert!(ring.push(owner, 0, op).is_ok());
+        ring.submit().unwrap();
+        ring.leave(owner);
+        // Another owner reaps the request's CQEs: the request is forgotten, and the id comes free.
+        assert!(reap_all(&mut ring, other).is_empty());
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        assert_eq!(ring.join(), Some(owner));
+        // A request still in the ring when it is dropped (here never even submitted).
+        let (_sock, op) = setup(&drops).unwrap();
+        assert!(ring.push(other, 0, op).is_ok());
+        drop(ring);
+        assert_eq!(drops.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_full_sq_hands_the_request_back() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let Some((_sock, op)) = setup(&drops) else {
+            return;
+        };
+        let mut ring = Ring::new(1, 4).unwrap();
+        let owner = ring.join().unwrap();
+        assert!(ring.push_nop().unwrap());
+        // The push enters once to make room: inject a failure, then a full SQ.
+        crate::sys::uring::inject(crate::sys::uring::Faults {
+            failed_enters: 1,
+            ..Default::default()
+        });
+        let refused = ring.push(owner, 0, op).err().unwrap();
+        crate::sys::uring::inject(Default::default());
+        assert!(refused.error.is_some());
+        assert_eq!(ring.in_flight(), 1);
+        assert_eq!(refused.op.record().bufs[0].0.len(), 1000);
+    }
+}
