@@ -44,12 +44,12 @@
 //! |---|---|
 //! | `sender.rs` | [`Sender`]: input checks, one queue of released buffers, blocking on top of the non-blocking core |
 //! | `engine/sendmsg.rs` | the `copy` and `msg-zc` engines, with each protocol's id rules |
-//! | `engine/uring.rs`, `engine/ring.rs` | the `uring` and `uring-zc` engines; one ring shared by many senders |
+//! | `engine/uring.rs`, `engine/shared.rs` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
 //! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
 //! | `engine/policy.rs` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure |
 //! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
 //! | `cmsg.rs` | the error-queue decoder |
-//! | `sys/` | every system call and kernel ABI (`sys/uring.rs`: io_uring) |
+//! | `sys/` | every system call and kernel ABI; `sys/uring/`: the io_uring ring (`ring.rs`) and the requests that own their memory and build their SQEs (`op.rs`) |
 //! | `buf/` | [`SendBuf`] (the buffer rule) and [`BufPool`] |
 //! | `probe.rs` | [`probe()`]: what this host supports and what to tune |
 //!
