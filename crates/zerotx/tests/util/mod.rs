@@ -122,11 +122,12 @@ pub struct Peer {
 pub fn tcp_pair(v6: bool, peer: Peer) -> (TcpStream, JoinHandle<Received>) {
     let listener = TcpListener::bind(SocketAddr::new(localhost(v6), 0)).expect("bind loopback");
     let addr = listener.local_addr().unwrap();
-    let handle = std::thread::spawn(move || {
-        let (s, _) = listener.accept().expect("accept");
-        receive(s, peer)
-    });
     let client = TcpStream::connect(addr).expect("connect loopback");
+    // Accepted here, not in the reader: a reader thread scheduled late took a descriptor number
+    // at a moment of its own choosing (under load it took the number a test had just freed to
+    // watch its reuse).
+    let (s, _) = listener.accept().expect("accept");
+    let handle = std::thread::spawn(move || receive(s, peer));
     (client, handle)
 }
 
