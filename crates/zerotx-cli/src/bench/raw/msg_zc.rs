@@ -35,12 +35,7 @@ pub struct RawMsgZc {
     stream: bool,
     /// Per ring slot: the id count once that buffer's calls were made.
     ends: Vec<u64>,
-    /// Ids taken so far.
-    next_id: u64,
-    /// Every id below this one completed.
-    watermark: u64,
-    /// Ids from the watermark on: completed yet?
-    pending: VecDeque<bool>,
+    ids: Ids,
     /// Control buffer for one error-queue message (a completion needs 48 bytes).
     control: [u64; 64],
     c: Counters,
@@ -62,9 +57,7 @@ impl RawMsgZc {
             ends: vec![0; ring.size()],
             ring,
             stream,
-            next_id: 0,
-            watermark: 0,
-            pending: VecDeque::with_capacity(4096),
+            ids: Ids::new(0),
             control: [0; 64],
             c: Counters::default(),
         })
@@ -109,7 +102,7 @@ impl RawMsgZc {
                     let ee: libc::sock_extended_err =
                         unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast()) };
                     if ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY && ee.ee_errno == 0 {
-                        let n = self.complete(ee.ee_info, ee.ee_data);
+                        let n = self.ids.complete(ee.ee_info, ee.ee_data);
                         if ee.ee_code & SO_EE_CODE_ZEROCOPY_COPIED != 0 {
                             self.c.kernel_copied += n;
                         } else {
@@ -122,28 +115,10 @@ impl RawMsgZc {
                 cm = unsafe { libc::CMSG_NXTHDR(&msg, cm) };
             }
         }
-        while self.ring.in_flight() > 0 && self.ends[self.ring.tail_idx] <= self.watermark {
+        while self.ring.in_flight() > 0 && self.ends[self.ring.tail_idx] <= self.ids.watermark {
             self.ring.release(lat);
         }
         Ok(ids)
-    }
-
-    /// Marks ids `lo..=hi` (u32, wrapping) completed; returns how many were in flight.
-    fn complete(&mut self, lo: u32, hi: u32) -> u64 {
-        let count = u64::from(hi.wrapping_sub(lo)) + 1;
-        let first = u64::from(lo.wrapping_sub(self.watermark as u32));
-        let mut n = 0;
-        for k in first..first + count {
-            if let Some(done) = self.pending.get_mut(k as usize) {
-                n += u64::from(!*done);
-                *done = true;
-            }
-        }
-        while self.pending.front() == Some(&true) {
-            self.pending.pop_front();
-            self.watermark += 1;
-        }
-        n
     }
 }
 
@@ -162,8 +137,7 @@ impl Driver for RawMsgZc {
             let n = unsafe { libc::send(self.fd.as_raw_fd(), p.add(off).cast(), len - off, flags) };
             if n >= 0 {
                 if flags & libc::MSG_ZEROCOPY != 0 {
-                    self.next_id += 1;
-                    self.pending.push_back(false);
+                    self.ids.take();
                 }
                 off = if self.stream { off + n as usize } else { len };
                 continue;
@@ -174,7 +148,7 @@ impl Driver for RawMsgZc {
                 Some(libc::ENOBUFS) if flags & libc::MSG_ZEROCOPY != 0 => {
                     self.c.enobufs += 1;
                     if self.drain(lat)? == 0 {
-                        if self.pending.is_empty() {
+                        if self.ids.in_flight() == 0 {
                             flags &= !libc::MSG_ZEROCOPY;
                             self.c.fallbacks += 1;
                         } else {
@@ -185,7 +159,7 @@ impl Driver for RawMsgZc {
                 _ => return Err(e).context("send(MSG_ZEROCOPY)"),
             }
         }
-        self.ends[self.ring.head_idx] = self.next_id;
+        self.ends[self.ring.head_idx] = self.ids.next;
         self.ring.commit();
         self.c.bytes += len as u64;
         Ok(true)
@@ -232,5 +206,94 @@ impl Driver for RawMsgZc {
             self.ring.in_flight()
         );
         Ok(())
+    }
+}
+
+/// The socket's completion ids as a window: every id below `watermark` completed; `pending`
+/// says which of the later ones did (ranges may come out of order).
+struct Ids {
+    /// The next id a successful call takes, counted from the first (no wrap).
+    next: u64,
+    watermark: u64,
+    pending: VecDeque<bool>,
+}
+
+impl Ids {
+    fn new(first: u64) -> Self {
+        Self {
+            next: first,
+            watermark: first,
+            pending: VecDeque::with_capacity(4096),
+        }
+    }
+
+    /// A call took the next id.
+    #[inline]
+    fn take(&mut self) {
+        self.next += 1;
+        self.pending.push_back(false);
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Marks the kernel's inclusive range `lo..=hi` (u32, may cross the wrap) completed and moves
+    /// the watermark over the completed prefix. Returns how many ids in flight it completed;
+    /// ids already completed or never taken are ignored.
+    fn complete(&mut self, lo: u32, hi: u32) -> u64 {
+        let count = hi.wrapping_sub(lo).wrapping_add(1);
+        let base = self.watermark as u32;
+        let mut n = 0;
+        for k in 0..count {
+            let off = lo.wrapping_add(k).wrapping_sub(base) as usize;
+            if let Some(done) = self.pending.get_mut(off) {
+                n += u64::from(!*done);
+                *done = true;
+            }
+        }
+        while self.pending.front() == Some(&true) {
+            self.pending.pop_front();
+            self.watermark += 1;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_order_ranges_move_the_watermark() {
+        let mut ids = Ids::new(0);
+        (0..5).for_each(|_| ids.take());
+        assert_eq!(ids.complete(0, 2), 3);
+        assert_eq!((ids.watermark, ids.in_flight()), (3, 2));
+        assert_eq!(ids.complete(3, 4), 2);
+        assert_eq!((ids.watermark, ids.in_flight()), (5, 0));
+    }
+
+    #[test]
+    fn a_later_range_first_holds_the_watermark_until_the_gap_fills() {
+        let mut ids = Ids::new(0);
+        (0..4).for_each(|_| ids.take());
+        assert_eq!(ids.complete(2, 3), 2);
+        assert_eq!(ids.watermark, 0, "ids 0 and 1 are still out");
+        assert_eq!(ids.complete(2, 3), 0, "a repeat completes nothing");
+        assert_eq!(ids.complete(0, 1), 2);
+        assert_eq!(ids.watermark, 4);
+    }
+
+    #[test]
+    fn ranges_cross_the_u32_wrap_and_unknown_ids_are_ignored() {
+        let first = u64::from(u32::MAX) - 1;
+        let mut ids = Ids::new(first);
+        (0..4).for_each(|_| ids.take()); // u32 ids MAX-1, MAX, 0, 1
+        assert_eq!(ids.complete(u32::MAX - 1, 0), 3);
+        assert_eq!(ids.watermark, first + 3);
+        assert_eq!(ids.complete(5, 9), 0, "never taken");
+        assert_eq!(ids.complete(1, 1), 1);
+        assert_eq!(ids.in_flight(), 0);
     }
 }
