@@ -61,6 +61,14 @@ impl<B: SendBuf> Record<B> {
         self.bufs.push(buf);
     }
 
+    /// The buffer of a one-buffer record that sent nothing, handed back.
+    pub(crate) fn into_buf(self) -> B {
+        self.bufs
+            .into_iter()
+            .next()
+            .expect("a record holds a buffer")
+    }
+
     /// Bytes not yet taken by the kernel.
     pub(crate) fn left(&self) -> usize {
         self.total - self.sent

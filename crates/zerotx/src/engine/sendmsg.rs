@@ -152,37 +152,45 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 zc = false;
                 self.ledger.item_mut(slot).kernel_copied = true;
             }
+            if !zc {
+                // By copy from here on (a fallback, or a datagram too large for the path).
+                let rec = self.ledger.item_mut(slot);
+                return match send_copied(&mut self.stats, self.stream, sock, rec)? {
+                    true => Ok(Wait::Nothing),
+                    false => Ok(Wait::Writable),
+                };
+            }
             let rec = self.ledger.item(slot);
             let rest = &rec.bufs[0].as_bytes()[rec.sent..];
-            let len = if zc {
-                policy::zerocopy_call_len(self.rule == IdRule::Vsock, rest.len())
-            } else {
-                rest.len()
-            };
-            let flags = if zc { sys::MSG_ZEROCOPY } else { 0 };
+            let len = policy::zerocopy_call_len(self.rule == IdRule::Vsock, rest.len());
             self.stats.syscalls += 1;
-            match sys::send_to(sock.fd(), &rest[..len], rec.dest.as_deref(), flags) {
+            match sys::send_to(
+                sock.fd(),
+                &rest[..len],
+                rec.dest.as_deref(),
+                sys::MSG_ZEROCOPY,
+            ) {
                 Ok(n) => {
                     let short_vsock = self.rule == IdRule::Vsock && n < len;
-                    if zc && short_vsock {
+                    if short_vsock {
                         // Copied (the peer's credit was short), one id or none: see module docs.
                         self.ledger.record_unowned_id();
                         self.stats.zerocopy_ids += 1;
-                    } else if zc {
+                    } else {
                         self.ledger.record_id(slot);
                         self.stats.zerocopy_ids += 1;
                     }
                     self.stats.bytes += n as u64;
                     let rec = self.ledger.item_mut(slot);
                     rec.sent += n;
-                    rec.kernel_copied |= zc && short_vsock;
+                    rec.kernel_copied |= short_vsock;
                     if !self.stream {
                         // Datagrams go whole or not at all.
                         rec.sent = rec.total;
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
-                Err(e) if zc => {
+                Err(e) => {
                     if e.raw_os_error() == Some(libc::EMSGSIZE) {
                         // The path's MTU may have shrunk: ask again before the next datagram.
                         self.mtu.forget(self.ledger.item(slot).dest.as_deref());
@@ -213,7 +221,6 @@ impl<B: SendBuf> SendmsgEngine<B> {
                         BudgetAction::Wait => return Ok(Wait::Completions),
                     }
                 }
-                Err(e) => return Err(e),
             }
         }
     }
@@ -305,8 +312,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
 
     /// Gives back a buffer that took no id and no byte; `None` if the kernel holds part of it.
     fn abandon(&mut self, slot: SlotId) -> Option<B> {
-        let s = self.ledger.seal(slot)?;
-        s.item.bufs.into_iter().next()
+        Some(self.ledger.seal(slot)?.item.into_buf())
     }
 
     /// Ends `slot` with `error` after part of it went out. On a stream that part is on the wire
@@ -346,45 +352,29 @@ impl<B: SendBuf> SendmsgEngine<B> {
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         let mut rec = Record::new(buf, dest, self.latency.next());
-        let result = loop {
-            let rest = &rec.bufs[0].as_bytes()[rec.sent..];
-            self.stats.syscalls += 1;
-            match sys::send_to(sock.fd(), rest, rec.dest.as_deref(), 0) {
-                Ok(n) => {
-                    self.stats.bytes += n as u64;
-                    // Datagrams go whole or not at all.
-                    rec.sent = if self.stream { rec.sent + n } else { rec.total };
-                    if rec.left() == 0 {
-                        break Ok(());
-                    }
-                }
-                Err(e) => break Err(e),
-            }
-        };
-        match result {
-            Ok(()) => {
+        match send_copied(&mut self.stats, self.stream, sock, &mut rec) {
+            Ok(true) => {
                 self.waiting = Wait::Nothing;
                 self.stats.sends += 1;
                 rec.release(false, &mut self.stats, out);
                 Ok(())
             }
-            Err(e) if rec.sent == 0 => {
-                let buf = rec.bufs.into_iter().next().expect("one buffer");
-                if e.kind() == io::ErrorKind::WouldBlock {
-                    self.waiting = Wait::Writable;
-                    self.stats.would_block += 1;
-                    Err(SendError::WouldBlock(buf))
-                } else {
-                    Err(SendError::Io { buf, error: e })
-                }
+            Ok(false) if rec.sent == 0 => {
+                self.waiting = Wait::Writable;
+                self.stats.would_block += 1;
+                Err(SendError::WouldBlock(rec.into_buf()))
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+            Ok(false) => {
                 // A stream took part of it: the rest goes first at the next progress.
                 self.waiting = Wait::Writable;
                 self.stats.sends += 1;
                 self.head = Some(self.ledger.insert(rec));
                 Ok(())
             }
+            Err(error) if rec.sent == 0 => Err(SendError::Io {
+                buf: rec.into_buf(),
+                error,
+            }),
             Err(e) => {
                 // Part of it is on the wire and the rest never will be.
                 self.stats.sends += 1;
@@ -528,6 +518,29 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         }
         kept
     }
+}
+
+/// Sends the rest of `rec` by copy until the kernel took it all (`Ok(true)`) or the socket is full
+/// (`Ok(false)`). A datagram goes whole or not at all.
+fn send_copied<B: SendBuf>(
+    stats: &mut Stats,
+    stream: bool,
+    sock: &Socket,
+    rec: &mut Record<B>,
+) -> io::Result<bool> {
+    while rec.left() > 0 {
+        let rest = &rec.bufs[0].as_bytes()[rec.sent..];
+        stats.syscalls += 1;
+        match sys::send_to(sock.fd(), rest, rec.dest.as_deref(), 0) {
+            Ok(n) => {
+                stats.bytes += n as u64;
+                rec.sent = if stream { rec.sent + n } else { rec.total };
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 /// Whether reading `MSG_ERRQUEUE` on `sock` reads its error queue. AF_UNIX has none (its
