@@ -218,6 +218,20 @@ pub struct Report {
     pub topologies: Vec<TopologyResult>,
 }
 
+impl Report {
+    /// The conditions of the run, in one line, for the headers of the human-readable exports.
+    pub fn conditions(&self) -> String {
+        format!(
+            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB",
+            self.kernel,
+            self.cpus,
+            self.repeat,
+            self.run_seconds,
+            self.ring_bytes >> 20
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

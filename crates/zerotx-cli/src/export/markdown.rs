@@ -51,16 +51,7 @@ fn ratios(s: &mut String, t: &TopologyResult, pairs: &[(&str, &str)]) {
 
 fn render(r: &Report) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "zerotx bench {}: kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB\n",
-        r.version,
-        r.kernel,
-        r.cpus,
-        r.repeat,
-        r.run_seconds,
-        r.ring_bytes >> 20
-    );
+    let _ = writeln!(s, "zerotx bench {}: {}\n", r.version, r.conditions());
     for t in &r.topologies {
         let _ = writeln!(s, "### {}\n\n{}\n", t.name, t.description);
         if let Some(why) = &t.skipped {

@@ -119,15 +119,7 @@ fn ok(c: &Cell) -> Option<&Cell> {
 /// Renders every topology.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "zerotx bench: kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB",
-        r.kernel,
-        r.cpus,
-        r.repeat,
-        r.run_seconds,
-        r.ring_bytes >> 20
-    );
+    let _ = writeln!(s, "zerotx bench: {}", r.conditions());
     for t in &r.topologies {
         let _ = writeln!(s, "\n{}: {}", t.name, t.description);
         if let Some(why) = &t.skipped {
