@@ -12,7 +12,7 @@ use clap::Parser;
 
 fn run() -> anyhow::Result<()> {
     match options::Cli::parse().command {
-        options::Command::Probe { json } => probe::run(json),
+        options::Command::Probe { json, explain } => probe::run(json, explain),
         options::Command::Bench(args) => {
             let opts = args.check()?;
             let report = bench::run(&opts)?;

@@ -28,8 +28,13 @@ pub enum Command {
     /// What this host supports for zero-copy transmit, and what to tune.
     Probe {
         /// Print JSON for scripts instead of a table.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "explain")]
         json: bool,
+        /// Also say, in plain words, why zero-copy is or is not engaged: the auto engine's
+        /// decisions on real sockets here (TCP loopback; as root, UDP through a device in a
+        /// private network namespace).
+        #[arg(long)]
+        explain: bool,
     },
 }
 

@@ -2,7 +2,12 @@
 
 use std::fmt::Write as _;
 
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
 use zerotx::probe::ProbeReport;
+use zerotx::{EngineKind, Explanation, Sender};
 
 fn yes_no(b: bool) -> &'static str {
     if b {
@@ -69,13 +74,87 @@ pub fn render_table(r: &ProbeReport) -> String {
     s
 }
 
-/// Runs the probe and prints it.
-pub fn run(json: bool) -> anyhow::Result<()> {
+/// Sends `count` buffers of `size` bytes through an `auto` sender and returns what it says.
+fn live<F: Into<OwnedFd>>(fd: F, size: usize, count: usize) -> anyhow::Result<Explanation> {
+    let mut tx: Sender<Vec<u8>> = Sender::new(fd, EngineKind::Auto)?;
+    let mut out = Vec::new();
+    for i in 0..count {
+        tx.send(vec![i as u8; size])?;
+        // Reap as a sender would, so the policy hears the kernel's reports as they come.
+        tx.reap(&mut out)?;
+        out.clear();
+    }
+    tx.flush(Duration::from_secs(5))?;
+    let explanation = tx.explain();
+    let _ = tx.close(Duration::from_secs(1));
+    Ok(explanation)
+}
+
+/// `auto` over TCP to a sink on loopback.
+fn tcp_loopback() -> anyhow::Result<Explanation> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let sink = std::thread::spawn(move || -> std::io::Result<u64> {
+        let (mut s, _) = listener.accept()?;
+        std::io::copy(&mut s, &mut std::io::sink())
+    });
+    let e = live(TcpStream::connect(addr)?, 64 * 1024, 400);
+    let _ = sink.join();
+    e
+}
+
+/// `auto` over UDP into the black hole: a private network namespace (root only).
+fn udp_black_hole() -> anyhow::Result<Explanation> {
+    zerotx_testbed::in_new_netns(|| -> anyhow::Result<Explanation> {
+        let bh = zerotx_testbed::black_hole(65535)?;
+        let sock = UdpSocket::bind("0.0.0.0:0")?;
+        sock.connect(bh.v4)?;
+        live(sock, 64 * 1024 - 1024, 400)
+    })?
+}
+
+/// Why zero-copy is or is not engaged, in plain words: what `auto` decided on real sockets here.
+pub fn render_explain() -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\nwhy zero-copy is or is not engaged (the auto engine, 400 real sends each)"
+    );
+    let mut case = |title: &str, e: anyhow::Result<Explanation>| {
+        let _ = writeln!(s, "\n{title}");
+        match e {
+            Ok(e) => {
+                for line in e.to_string().lines() {
+                    let _ = writeln!(s, "  {line}");
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(s, "  could not measure: {e:#}");
+            }
+        }
+    };
+    case(
+        "TCP to a local peer (loopback), 64 KiB sends",
+        tcp_loopback(),
+    );
+    // Without root the namespace cannot be made, and the case says so.
+    case(
+        "UDP leaving through a device (a veth in a private network namespace), 63 KiB sends",
+        udp_black_hole(),
+    );
+    s
+}
+
+/// Runs the probe and prints it; with `explain`, also what `auto` decides on real sockets.
+pub fn run(json: bool, explain: bool) -> anyhow::Result<()> {
     let report = zerotx::probe();
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render_table(&report));
+        if explain {
+            print!("{}", render_explain());
+        }
     }
     Ok(())
 }

@@ -74,10 +74,10 @@ mod sys;
 
 pub use addr::{Destination, VsockAddr};
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
-pub use engine::{EngineKind, UringConfig, UringShared};
+pub use engine::{AtCap, EngineKind, UringConfig, UringShared};
 pub use error::{Error, Feature, SendError};
 pub use probe::probe;
-pub use report::{CopyReason, Readiness, Released, Report, SendPath, Stats};
+pub use report::{CopyReason, Explanation, Readiness, Released, Report, SendPath, Stats};
 pub use sender::{leaked_buffers, Closed, Sender, SenderConfig};
 pub use socket::SockKind;
 

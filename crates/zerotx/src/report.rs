@@ -24,6 +24,14 @@ pub enum CopyReason {
     Kernel,
     /// zerotx sent it by copy after `ENOBUFS` with nothing in flight to wait for.
     Fallback,
+    /// `auto`: smaller than the size from which zero-copy pays on this socket.
+    Small,
+    /// `auto`: most recent zero-copy sends on this socket came back copied by the kernel (a local
+    /// peer, a device without scatter-gather), so it copies, and probes now and then.
+    RouteCopies,
+    /// `auto`: the zero-copy budget (option memory, locked memory) was refused recently or this
+    /// sender is at its in-flight cap, and [`AtCap::Copy`](crate::AtCap::Copy) applies.
+    Budget,
 }
 
 impl SendPath {
@@ -75,6 +83,22 @@ pub struct Stats {
     pub engine_copied: u64,
     /// Buffers sent (wholly or partly) by copy after `ENOBUFS`.
     pub fallbacks: u64,
+    /// `auto`: buffers copied because they were below the zero-copy size ([`CopyReason::Small`]).
+    pub copied_small: u64,
+    /// `auto`: buffers copied because the route copies ([`CopyReason::RouteCopies`]).
+    pub copied_route: u64,
+    /// `auto`: buffers copied for the zero-copy budget ([`CopyReason::Budget`]).
+    pub copied_budget: u64,
+    /// `auto`: zero-copy probes sent while the route copied, and how many came back not copied
+    /// (each of those switched the sender back to zero-copy).
+    pub probes: u64,
+    /// See [`probes`](Self::probes).
+    pub probes_paid: u64,
+    /// `auto`: times a window of zero-copy sends came back mostly copied and the sender switched
+    /// to copying.
+    pub switches_to_copy: u64,
+    /// `auto`: sends that waited at the in-flight cap ([`AtCap::Wait`](crate::AtCap::Wait)).
+    pub cap_waits: u64,
     /// Zero-copy budget refusals seen: `ENOBUFS` (option memory, locked memory) from
     /// `MSG_ZEROCOPY`, `ENOBUFS`/`ENOMEM` from io_uring.
     pub enobufs: u64,
@@ -104,6 +128,9 @@ impl Stats {
             SendPath::Copied(CopyReason::Kernel) => self.kernel_copied += 1,
             SendPath::Copied(CopyReason::Engine) => self.engine_copied += 1,
             SendPath::Copied(CopyReason::Fallback) => self.fallbacks += 1,
+            SendPath::Copied(CopyReason::Small) => self.copied_small += 1,
+            SendPath::Copied(CopyReason::RouteCopies) => self.copied_route += 1,
+            SendPath::Copied(CopyReason::Budget) => self.copied_budget += 1,
         }
         if failed {
             self.errors += 1;
@@ -122,4 +149,39 @@ pub struct Readiness {
     /// `POLLOUT` (blocked on room in the socket), `POLLIN` (a ring's completions) or 0 (only
     /// completions can help; `POLLERR` is implied).
     pub events: i16,
+}
+
+/// Why zero-copy is or is not engaged on a sender's socket: [`Sender::explain`](crate::Sender::explain).
+/// `Display` prints it as plain sentences.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Explanation {
+    /// The engine asked for.
+    pub engine: crate::EngineKind,
+    /// The system calls in use: `io_uring`, `sendmsg`, or `sendmsg (copy only)`.
+    pub path: &'static str,
+    /// Whether sends large enough go zero-copy now.
+    pub zerocopy: bool,
+    /// The reasons, one sentence each.
+    pub lines: Vec<String>,
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "engine {} over {}: zero-copy {}",
+            self.engine,
+            self.path,
+            if self.zerocopy {
+                "engaged"
+            } else {
+                "not engaged"
+            }
+        )?;
+        for l in &self.lines {
+            writeln!(f, "  - {l}")?;
+        }
+        Ok(())
+    }
 }

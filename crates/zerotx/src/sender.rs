@@ -14,9 +14,9 @@ use crate::buf::BufPool;
 use crate::buf::SendBuf;
 use crate::engine::sendmsg::SendmsgEngine;
 use crate::engine::uring::UringEngine;
-use crate::engine::{Engine, EngineKind, UringConfig, UringShared};
+use crate::engine::{AtCap, Engine, EngineKind, UringConfig, UringShared};
 use crate::error::{Error, Feature, SendError};
-use crate::report::{Readiness, Released, Stats};
+use crate::report::{Explanation, Readiness, Released, Stats};
 use crate::socket::{SockKind, SockType, Socket};
 use crate::sys;
 
@@ -47,8 +47,22 @@ pub struct SenderConfig {
     /// `MSG_ZEROCOPY` send takes (the kernel counts from 0 per socket). `None` (the default)
     /// refuses such a socket, since a wrong count releases buffers early. Set `Some(0)` for a
     /// socket accepted from a listener that had `SO_ZEROCOPY` set (it inherits the flag, with a
-    /// fresh counter).
+    /// fresh counter). `auto` sends such a socket by copy unless this is set.
     pub zerocopy_first_id: Option<u32>,
+    /// `auto`: what a send does when the sender is at its zero-copy in-flight cap (derived from
+    /// `optmem_max` and `RLIMIT_MEMLOCK`) or the kernel just refused the budget: copy (the
+    /// default) or wait for completions.
+    pub at_cap: AtCap,
+    /// `auto`: may it use io_uring (the default where the kernel offers zero-copy requests that
+    /// report copies)? `false` keeps it on `sendmsg(2)`, e.g. where policy forbids io_uring.
+    pub auto_uring: bool,
+}
+
+impl Default for SenderConfig {
+    /// The `auto` engine with default settings.
+    fn default() -> Self {
+        Self::new(EngineKind::Auto)
+    }
 }
 
 impl SenderConfig {
@@ -59,7 +73,21 @@ impl SenderConfig {
             uring: UringConfig::default(),
             ring: None,
             zerocopy_first_id: None,
+            at_cap: AtCap::default(),
+            auto_uring: true,
         }
+    }
+
+    /// `auto`: whether it may use io_uring (see [`auto_uring`](Self::auto_uring)).
+    pub fn with_auto_uring(mut self, allow: bool) -> Self {
+        self.auto_uring = allow;
+        self
+    }
+
+    /// `auto`: what a send does at the zero-copy in-flight cap (see [`AtCap`]).
+    pub fn with_at_cap(mut self, at_cap: AtCap) -> Self {
+        self.at_cap = at_cap;
+        self
     }
 
     /// `engine` on the shared `ring`.
@@ -142,6 +170,9 @@ pub struct Sender<B: SendBuf> {
     sock: Option<Socket>,
     engine: Box<dyn Engine<B>>,
     kind: EngineKind,
+    /// The system calls in use, and why, in plain words (for [`Sender::explain`]).
+    path: &'static str,
+    notes: Vec<String>,
     ready: Vec<Released<B>>,
     /// The last send was handed back (`WouldBlock`): its caller will retry it when woken.
     handed_back: bool,
@@ -170,32 +201,57 @@ impl<B: SendBuf> Sender<B> {
     pub fn with_config(fd: impl Into<OwnedFd>, cfg: SenderConfig) -> Result<Self, Error> {
         let kind = cfg.engine;
         let sock = Socket::new(fd.into())?;
-        if cfg.ring.is_some() && !matches!(kind, EngineKind::Uring | EngineKind::UringZc) {
+        if cfg.ring.is_some()
+            && !matches!(
+                kind,
+                EngineKind::Uring | EngineKind::UringZc | EngineKind::Auto
+            )
+        {
             return Err(Error::Unsupported {
                 feature: Feature::SharedRing(kind),
                 reason: "only the uring and uring-zc engines submit through a ring".into(),
             });
         }
-        let engine: Box<dyn Engine<B>> = match kind {
-            EngineKind::Copy => Box::new(SendmsgEngine::new(&sock, false, 0)),
+        let (engine, path, notes): (Box<dyn Engine<B>>, _, _) = match kind {
+            EngineKind::Auto => {
+                let built = crate::engine::auto::build(&sock, &cfg)?;
+                (built.engine, built.path, built.notes)
+            }
+            EngineKind::Copy => (
+                Box::new(SendmsgEngine::new(&sock, false, 0)),
+                "sendmsg",
+                vec!["the copy engine was asked for".into()],
+            ),
             EngineKind::MsgZerocopy => {
                 let first_id = sock.enable_zerocopy(cfg.zerocopy_first_id)?;
-                Box::new(SendmsgEngine::new(&sock, true, first_id))
+                (
+                    Box::new(SendmsgEngine::new(&sock, true, first_id)),
+                    "sendmsg",
+                    vec!["the msg-zc engine was asked for: every send asks for zero-copy".into()],
+                )
             }
-            EngineKind::Uring => Box::new(UringEngine::new(
-                &sock,
-                false,
-                cfg.uring,
-                cfg.ring.as_ref(),
-            )?),
-            EngineKind::UringZc => {
-                Box::new(UringEngine::new(&sock, true, cfg.uring, cfg.ring.as_ref())?)
-            }
+            EngineKind::Uring => (
+                Box::new(UringEngine::new(
+                    &sock,
+                    false,
+                    cfg.uring,
+                    cfg.ring.as_ref(),
+                )?),
+                "io_uring",
+                vec!["the uring engine was asked for".into()],
+            ),
+            EngineKind::UringZc => (
+                Box::new(UringEngine::new(&sock, true, cfg.uring, cfg.ring.as_ref())?),
+                "io_uring",
+                vec!["the uring-zc engine was asked for: every send asks for zero-copy".into()],
+            ),
         };
         Ok(Self {
             sock: Some(sock),
             engine,
             kind,
+            path,
+            notes,
             ready: Vec::new(),
             handed_back: false,
         })
@@ -245,10 +301,101 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// Registers `pool`'s memory with the engine once (`IORING_REGISTER_BUFFERS`), so its buffers
-    /// send with `IORING_RECVSEND_FIXED_BUF` and no per-send page pinning. Only `uring-zc` has
-    /// registered sends; other engines answer [`Error::Unsupported`]. Other buffers still work.
+    /// send with `IORING_RECVSEND_FIXED_BUF` and no per-send page pinning. `uring-zc` and `auto`
+    /// on io_uring have registered sends; `auto` on `sendmsg(2)` accepts the pool and sends its
+    /// buffers as any other; other engines answer [`Error::Unsupported`]. Other buffers still
+    /// work.
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
-        self.engine.register_pool(pool)
+        match self.engine.register_pool(pool) {
+            Err(Error::Unsupported { .. }) if self.kind == EngineKind::Auto => {
+                self.notes.push(
+                    "a pool was registered, but sendmsg(2) has no registered sends: its buffers \
+                     go as any other"
+                        .into(),
+                );
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Why zero-copy is or is not engaged on this socket, in plain words: the engine and system
+    /// calls in use and why, the size from which `auto` sends zero-copy, whether the route copies
+    /// (and when the next probe goes), the caps, and what the counters say so far.
+    pub fn explain(&self) -> Explanation {
+        let stats = self.stats();
+        let mut lines = self.notes.clone();
+        let mut zerocopy = self.kind.is_zerocopy() && self.path != "sendmsg (copy only)";
+        if let Some(p) = self.engine.auto_policy() {
+            let t = p.thresholds();
+            lines.push(if t.user == t.registered {
+                format!("sends of {} bytes and more go zero-copy", t.user)
+            } else {
+                format!(
+                    "sends of {} bytes and more go zero-copy ({} from a registered pool)",
+                    t.user, t.registered
+                )
+            });
+            let caps = p.caps();
+            if let Some(c) = caps.sends {
+                lines.push(format!(
+                    "at most {c} zero-copy sends in flight (half of optmem_max in completions)"
+                ));
+            }
+            if let Some(c) = caps.bytes {
+                lines.push(format!(
+                    "at most {c} bytes pinned by zero-copy sends (half of RLIMIT_MEMLOCK)"
+                ));
+            }
+            if caps.sends.is_some() || caps.bytes.is_some() {
+                lines.push(format!(
+                    "at a cap, or after the kernel refused the budget, sends {}",
+                    match p.at_cap() {
+                        AtCap::Wait => "wait for completions",
+                        _ => "are copied for a while",
+                    }
+                ));
+            }
+            if !p.reports_copies() {
+                lines.push("the kernel does not report copied sends here".into());
+            }
+            if let Some(n) = p.next_probe_in() {
+                zerocopy = false;
+                lines.push(format!(
+                    "zero-copy is OFF: most zero-copy sends came back copied by the kernel (the \
+                     peer is local, or the device cannot send from user pages); a probe goes \
+                     zero-copy in {n} sends, and zero-copy comes back when one is not copied"
+                ));
+            } else if stats.zerocopy > 0 {
+                lines.push("zero-copy is ON: the kernel sends from your buffers".into());
+            }
+        }
+        let sent = stats.zerocopy
+            + stats.kernel_copied
+            + stats.engine_copied
+            + stats.fallbacks
+            + stats.copied_small
+            + stats.copied_route
+            + stats.copied_budget;
+        if sent > 0 {
+            lines.push(format!(
+                "released so far: {} zero-copy, {} copied by the kernel, {} below the size, {} \
+                 while the route copied, {} for the budget, {} after ENOBUFS, {} by a copy engine",
+                stats.zerocopy,
+                stats.kernel_copied,
+                stats.copied_small,
+                stats.copied_route,
+                stats.copied_budget,
+                stats.fallbacks,
+                stats.engine_copied
+            ));
+        }
+        Explanation {
+            engine: self.kind,
+            path: self.path,
+            zerocopy,
+            lines,
+        }
     }
 
     /// The engine in use.

@@ -8,6 +8,9 @@ use serde::Serialize;
 /// One engine column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum Engine {
+    /// `auto`: zerotx's default, choosing per socket and per send (with the buffer ring
+    /// registered, as a user with a pool would).
+    Auto,
     /// `copy`: zerotx, plain `sendmsg`.
     Copy,
     /// `msg-zc`: zerotx, `sendmsg(MSG_ZEROCOPY)`.
@@ -30,7 +33,8 @@ pub enum Engine {
 
 impl Engine {
     /// zerotx's engines: the default columns.
-    pub const ZEROTX: [Engine; 5] = [
+    pub const ZEROTX: [Engine; 6] = [
+        Engine::Auto,
         Engine::Copy,
         Engine::MsgZc,
         Engine::Uring,
@@ -42,7 +46,8 @@ impl Engine {
     pub const RAW: [Engine; 3] = [Engine::RawCopy, Engine::RawMsgZc, Engine::RawUringZcFixed];
 
     /// Every column, in table order.
-    pub const ALL: [Engine; 9] = [
+    pub const ALL: [Engine; 10] = [
+        Engine::Auto,
         Engine::Copy,
         Engine::MsgZc,
         Engine::Uring,
@@ -57,6 +62,7 @@ impl Engine {
     /// The name in flags, tables and JSON.
     pub fn name(self) -> &'static str {
         match self {
+            Engine::Auto => "auto",
             Engine::Copy => "copy",
             Engine::MsgZc => "msg-zc",
             Engine::Uring => "uring",

@@ -31,6 +31,12 @@ pub struct Run {
     pub fallbacks: u64,
     /// ENOBUFS answers.
     pub enobufs: u64,
+    /// `auto`: buffers its policy sent by copy.
+    #[serde(default)]
+    pub policy_copied: u64,
+    /// `auto`: how it sent, in a few words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chosen: Option<String>,
     /// Release latency (send to release), 50th percentile of the sampled releases,
     /// microseconds; `None` when the engine reports none (an outside program).
     pub p50_us: Option<f64>,
@@ -108,6 +114,11 @@ pub struct Cell {
     pub fallbacks: u64,
     /// Totals over runs.
     pub enobufs: u64,
+    /// Totals over runs.
+    pub policy_copied: u64,
+    /// `auto`: how it sent in most runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chosen: Option<String>,
     /// Every run.
     pub runs: Vec<Run>,
     /// Why the cell has no figures (engine unavailable, send failed...).
@@ -136,6 +147,8 @@ impl Cell {
             engine_copied: sum(&|r| r.engine_copied),
             fallbacks: sum(&|r| r.fallbacks),
             enobufs: sum(&|r| r.enobufs),
+            policy_copied: sum(&|r| r.policy_copied),
+            chosen: most_common(runs.iter().filter_map(|r| r.chosen.clone())),
             runs,
             error,
         }
@@ -143,9 +156,22 @@ impl Cell {
 
     /// Share of zero-copy-engine releases the kernel really sent zero-copy, if any were made.
     pub fn zerocopy_share(&self) -> Option<f64> {
-        let total = self.zerocopy + self.kernel_copied + self.fallbacks;
+        let total = self.zerocopy + self.kernel_copied + self.fallbacks + self.policy_copied;
         (total > 0).then(|| self.zerocopy as f64 / total as f64)
     }
+}
+
+/// The value seen most often (the first of equals).
+fn most_common(values: impl Iterator<Item = String>) -> Option<String> {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for v in values {
+        match counts.iter_mut().find(|(x, _)| *x == v) {
+            Some(c) => c.1 += 1,
+            None => counts.push((v, 1)),
+        }
+    }
+    let best = counts.iter().map(|c| c.1).max()?;
+    counts.into_iter().find(|c| c.1 == best).map(|c| c.0)
 }
 
 /// One topology's results.
@@ -186,6 +212,24 @@ impl TopologyResult {
             (Some(x), Some(y)) if y > 0.0 => Some(x / y),
             _ => None,
         }
+    }
+
+    /// The fastest of zerotx's single engines (not `auto`) at `size`, and its throughput.
+    pub fn best_single(&self, size: usize) -> Option<(&str, f64)> {
+        self.engines
+            .iter()
+            .filter(|e| {
+                ["copy", "msg-zc", "uring", "uring-zc", "uring-zc-fixed"].contains(&e.as_str())
+            })
+            .filter_map(|e| Some((e.as_str(), self.mb_s(e, size)?)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// `auto`'s throughput over the best single engine's at `size`.
+    pub fn auto_ratio(&self, size: usize) -> Option<f64> {
+        let (_, best) = self.best_single(size)?;
+        let auto = self.mb_s("auto", size)?;
+        (best > 0.0).then(|| auto / best)
     }
 
     /// The (zerotx engine, baseline) pairs of [`BASELINE_PAIRS`] that both have a column here.

@@ -111,6 +111,10 @@ impl Latencies {
 /// What an engine counted over a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
+    /// `auto`: buffers its policy sent by copy (small, route copies, budget).
+    pub policy_copied: u64,
+    /// `auto`: how it sent, in a few words (`uring-zc`, `uring (route copies)`...).
+    pub chosen: Option<&'static str>,
     /// Bytes the kernel accepted.
     pub bytes: u64,
     /// Buffers released as sent zero-copy.
@@ -174,6 +178,8 @@ pub fn measure<D: Driver>(mut driver: D, duration: Duration) -> anyhow::Result<R
         engine_copied: c.engine_copied,
         fallbacks: c.fallbacks,
         enobufs: c.enobufs,
+        policy_copied: c.policy_copied,
+        chosen: c.chosen.map(String::from),
         p50_us,
         p99_us,
     })

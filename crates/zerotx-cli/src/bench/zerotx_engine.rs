@@ -15,6 +15,7 @@ use super::Engine;
 /// The library engine behind a column, and whether it sends from the registered ring.
 fn kind(engine: Engine) -> Option<(EngineKind, bool)> {
     Some(match engine {
+        Engine::Auto => (EngineKind::Auto, true),
         Engine::Copy => (EngineKind::Copy, false),
         Engine::MsgZc => (EngineKind::MsgZerocopy, false),
         Engine::Uring => (EngineKind::Uring, false),
@@ -22,6 +23,28 @@ fn kind(engine: Engine) -> Option<(EngineKind, bool)> {
         Engine::UringZcFixed => (EngineKind::UringZc, true),
         _ => return None,
     })
+}
+
+/// What `auto` did over a run, in a few words: the system calls, and how most buffers went.
+fn chosen(tx: &Sender<PooledBuf>, s: &zerotx::Stats) -> &'static str {
+    let uring = tx.explain().path == "io_uring";
+    let ways = [
+        (s.zerocopy + s.kernel_copied, 0),
+        (s.copied_route, 1),
+        (s.copied_small, 2),
+        (s.copied_budget + s.fallbacks, 3),
+    ];
+    let most = ways.iter().max_by_key(|w| w.0).map_or(0, |w| w.1);
+    match (uring, most) {
+        (true, 0) => "uring-zc",
+        (true, 1) => "uring (route copies)",
+        (true, 2) => "uring (small)",
+        (true, _) => "uring (budget)",
+        (false, 0) => "msg-zc",
+        (false, 1) => "copy (route copies)",
+        (false, 2) => "copy (small)",
+        (false, _) => "copy (budget)",
+    }
 }
 
 /// A zerotx sender over one socket, cycling through the buffer ring.
@@ -100,6 +123,7 @@ impl Driver for ZerotxDriver {
 
     fn counters(&self) -> Counters {
         let s = self.tx.stats();
+        let policy_copied = s.copied_small + s.copied_route + s.copied_budget;
         Counters {
             bytes: s.bytes,
             zerocopy: s.zerocopy,
@@ -107,6 +131,8 @@ impl Driver for ZerotxDriver {
             engine_copied: s.engine_copied,
             fallbacks: s.fallbacks,
             enobufs: s.enobufs,
+            policy_copied,
+            chosen: (self.tx.engine() == EngineKind::Auto).then(|| chosen(&self.tx, &s)),
         }
     }
 

@@ -106,6 +106,8 @@ pub mod sample {
             engine_copied: ec,
             fallbacks: 0,
             enobufs: 0,
+            policy_copied: 0,
+            chosen: None,
             p50_us: Some(10.0),
             p99_us: Some(99.5),
         }
@@ -150,6 +152,28 @@ pub mod sample {
                 ..TopologyResult::default()
             },
         ])
+    }
+
+    /// `auto` beside the single engines, copying on a route that copies.
+    pub fn with_auto() -> Report {
+        let mut auto = run(790.0, 3, 2, 0);
+        auto.policy_copied = 995;
+        auto.chosen = Some("uring (route copies)".into());
+        header(vec![TopologyResult {
+            name: "tcp-loopback".into(),
+            description: "TCP over loopback".into(),
+            skipped: None,
+            sizes: vec![1400],
+            engines: ["auto", "copy", "uring", "uring-zc"]
+                .map(String::from)
+                .to_vec(),
+            cells: vec![
+                cell("auto", 1400, auto),
+                cell("copy", 1400, run(600.0, 0, 0, 1000)),
+                cell("uring", 1400, run(800.0, 0, 0, 1000)),
+                cell("uring-zc", 1400, run(350.0, 0, 1000, 0)),
+            ],
+        }])
     }
 
     /// zerotx engines beside their baselines, liburing's without latency figures.

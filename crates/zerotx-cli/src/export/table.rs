@@ -93,6 +93,37 @@ fn block(
     columns(s, &t.sizes, &headers, &values);
 }
 
+/// What `auto` chose at each size, and how it fared against the best single engine.
+fn auto_block(s: &mut String, t: &TopologyResult) {
+    if !t.engines.iter().any(|e| e == "auto") || t.best_single(t.sizes[0]).is_none() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "  auto: what it chose, and its throughput over the best single engine's (issue 9 asks >= 0.95x)"
+    );
+    let headers: Vec<String> = ["auto chose", "best single", "auto/best"]
+        .iter()
+        .map(|h| h.to_string())
+        .collect();
+    let values: Vec<Vec<String>> = t
+        .sizes
+        .iter()
+        .map(|&size| {
+            vec![
+                t.cell("auto", size)
+                    .and_then(|c| c.chosen.clone())
+                    .unwrap_or_else(|| "n/a".into()),
+                t.best_single(size)
+                    .map_or_else(|| "n/a".into(), |(e, _)| e.to_string()),
+                t.auto_ratio(size)
+                    .map_or_else(|| "n/a".into(), |r| format!("{r:.2}x")),
+            ]
+        })
+        .collect();
+    columns(s, &t.sizes, &headers, &values);
+}
+
 /// zerotx's throughput over each baseline's that ran beside it.
 fn baseline_block(s: &mut String, t: &TopologyResult) {
     let pairs = t.baseline_pairs();
@@ -133,6 +164,7 @@ pub fn render(r: &Report) -> String {
             |c| ok(c).map(|c| num(c.mb_s.median)),
             true,
         );
+        auto_block(&mut s, t);
         baseline_block(&mut s, t);
         block(
             &mut s,
@@ -199,6 +231,14 @@ mod tests {
     #[test]
     fn table_layout() {
         insta::assert_snapshot!(render(&sample::report()));
+    }
+
+    #[test]
+    fn auto_gets_what_it_chose_and_its_ratio_to_the_best() {
+        let out = render(&sample::with_auto());
+        assert!(out.contains("uring (route copies)"), "{out}");
+        assert!(out.contains("0.99x"), "{out}");
+        insta::assert_snapshot!(out);
     }
 
     #[test]

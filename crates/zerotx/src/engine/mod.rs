@@ -1,5 +1,7 @@
 //! Engines: the ways a buffer can leave, behind one trait.
 //!
+//! - [`EngineKind::Auto`] (the default): io_uring or `sendmsg(2)` per socket from what the kernel
+//!   offers, zero-copy or copy per send from what it reports ([`auto`], [`policy::auto`]).
 //! - [`EngineKind::Copy`]: `sendmsg(2)`, the kernel copies. Works on every socket kind.
 //! - [`EngineKind::MsgZerocopy`]: `sendmsg(MSG_ZEROCOPY)` with completions from the socket error
 //!   queue (TCP 4.14, UDP 5.0, vsock 6.7).
@@ -13,12 +15,14 @@
 //! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
+pub(crate) mod auto;
 pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
 pub(crate) mod shared;
 pub(crate) mod uring;
 
+pub use policy::auto::AtCap;
 pub use shared::UringShared;
 pub use uring::UringConfig;
 
@@ -34,9 +38,14 @@ use crate::report::{Readiness, Released, Stats};
 use crate::socket::Socket;
 
 /// Which engine a sender uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum EngineKind {
+    /// The default: zero-copy where and when it pays, decided per socket and per send from what
+    /// the kernel reports (size thresholds, completions that say the kernel copied, the zero-copy
+    /// budget). [`Sender::explain`](crate::Sender::explain) says what it chose and why.
+    #[default]
+    Auto,
     /// Plain `sendmsg(2)`: the kernel copies.
     Copy,
     /// `sendmsg(MSG_ZEROCOPY)` and the socket error queue.
@@ -51,6 +60,7 @@ pub enum EngineKind {
 impl EngineKind {
     /// Every engine, in the order tables show them.
     pub const ALL: &'static [EngineKind] = &[
+        EngineKind::Auto,
         EngineKind::Copy,
         EngineKind::MsgZerocopy,
         EngineKind::Uring,
@@ -60,6 +70,7 @@ impl EngineKind {
     /// The name the CLI and scripts use.
     pub fn name(&self) -> &'static str {
         match self {
+            EngineKind::Auto => "auto",
             EngineKind::Copy => "copy",
             EngineKind::MsgZerocopy => "msg-zc",
             EngineKind::Uring => "uring",
@@ -67,9 +78,12 @@ impl EngineKind {
         }
     }
 
-    /// Whether the engine asks the kernel not to copy.
+    /// Whether the engine asks the kernel not to copy (`auto`: when it pays).
     pub fn is_zerocopy(&self) -> bool {
-        matches!(self, EngineKind::MsgZerocopy | EngineKind::UringZc)
+        matches!(
+            self,
+            EngineKind::Auto | EngineKind::MsgZerocopy | EngineKind::UringZc
+        )
     }
 }
 
@@ -129,6 +143,11 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// How long a waiter may sleep before it must look again even without a wake-up (a shared
     /// ring's completions can be reaped by another sender). `None`: sleep until woken.
     fn wait_slice(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// `auto`'s policy, for [`Sender::explain`](crate::Sender::explain).
+    fn auto_policy(&self) -> Option<&policy::auto::AutoPolicy> {
         None
     }
 

@@ -14,7 +14,7 @@ use socket2::SockAddr;
 
 use crate::buf::SendBuf;
 use crate::engine::policy;
-use crate::report::{Released, Report, Stats};
+use crate::report::{CopyReason, Released, Report, Stats};
 
 /// One send in flight: see the module docs.
 pub(crate) struct Record<B> {
@@ -26,8 +26,15 @@ pub(crate) struct Record<B> {
     pub(crate) total: usize,
     /// Bytes the kernel took so far.
     pub(crate) sent: usize,
-    /// zerotx sent (part of) it by copy after the zero-copy budget refused it.
-    pub(crate) fallback: bool,
+    /// zerotx sent (part of) it by copy, for this reason: after the zero-copy budget refused it
+    /// ([`CopyReason::Fallback`]), or by `auto`'s choice. The first reason stays.
+    pub(crate) copy: Option<CopyReason>,
+    /// `auto` chose zero-copy for it: its release tells the policy how that went.
+    pub(crate) auto_zc: bool,
+    /// ... to probe a route that copied.
+    pub(crate) probe: bool,
+    /// Bytes it counts toward its sender's zero-copy load (`auto`'s caps) until released.
+    pub(crate) charge: usize,
     /// The kernel copied (part of) it: a COPIED completion, a short vsock call, a datagram too
     /// large for the path's MTU.
     pub(crate) kernel_copied: bool,
@@ -48,7 +55,10 @@ impl<B: SendBuf> Record<B> {
             dest: dest.map(Box::new),
             total,
             sent: 0,
-            fallback: false,
+            copy: None,
+            auto_zc: false,
+            probe: false,
+            charge: 0,
             kernel_copied: false,
             error: None,
             started,
@@ -67,6 +77,25 @@ impl<B: SendBuf> Record<B> {
             .into_iter()
             .next()
             .expect("a record holds a buffer")
+    }
+
+    /// Sends the rest by copy for `reason` (the first reason given stays).
+    pub(crate) fn copy_for(&mut self, reason: CopyReason) {
+        self.copy.get_or_insert(reason);
+    }
+
+    /// What `auto` learns from this record's release, if it chose zero-copy for it: whether the
+    /// kernel copied it after all, and whether it was a probe. A record that zerotx copied after a
+    /// refusal, or that failed, says nothing of the route (a probe's counts as copied, so the probe
+    /// ends).
+    pub(crate) fn outcome(&self) -> Option<(bool, bool)> {
+        if !self.auto_zc {
+            return None;
+        }
+        if self.copy.is_some() || self.error.is_some() {
+            return self.probe.then_some((true, true));
+        }
+        Some((self.kernel_copied, self.probe))
     }
 
     /// Bytes not yet taken by the kernel.
@@ -98,7 +127,7 @@ impl<B: SendBuf> Record<B> {
         stats: &mut Stats,
         out: &mut Vec<Released<B>>,
     ) {
-        let path = policy::release_path(zerocopy_engine, self.fallback, self.kernel_copied);
+        let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
         let latency = self.started.map(|t| t.elapsed());
         let mut sent = self.sent;
         let mut error = self.error;

@@ -51,12 +51,13 @@ use socket2::SockAddr;
 
 use crate::buf::{BufPool, SendBuf};
 use crate::cmsg::{self, ErrQueueMsg};
+use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
 use crate::engine::{Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
 use crate::ledger::{Ledger, Settled, SlotId};
-use crate::report::{Readiness, Released, Stats};
+use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
 
@@ -83,6 +84,10 @@ enum Wait {
 
 pub(crate) struct SendmsgEngine<B> {
     zerocopy: bool,
+    /// `auto`: the per-send choice between `MSG_ZEROCOPY` and a plain send.
+    auto: Option<AutoPolicy>,
+    /// Bytes of zero-copy sends not yet released (`auto`'s locked-memory cap).
+    zc_bytes: usize,
     rule: IdRule,
     stream: bool,
     /// The socket has an error queue worth draining (see `has_error_queue`).
@@ -105,6 +110,16 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// `zerocopy` must only be set once `SO_ZEROCOPY` was accepted on `sock`, whose next
     /// zero-copy id is `first_id` (0 on a fresh socket).
     pub(crate) fn new(sock: &Socket, zerocopy: bool, first_id: u32) -> Self {
+        Self::with_policy(sock, zerocopy, first_id, None)
+    }
+
+    /// As [`new`](Self::new), with `auto`'s policy choosing per send (`zerocopy` must be set).
+    pub(crate) fn with_policy(
+        sock: &Socket,
+        zerocopy: bool,
+        first_id: u32,
+        auto: Option<AutoPolicy>,
+    ) -> Self {
         let rule = if sock.kind.family == Family::Vsock {
             IdRule::Vsock
         } else if sock.kind.is_stream() {
@@ -114,6 +129,8 @@ impl<B: SendBuf> SendmsgEngine<B> {
         };
         Self {
             zerocopy,
+            auto,
+            zc_bytes: 0,
             rule,
             stream: sock.kind.is_stream(),
             errqueue: has_error_queue(sock, zerocopy),
@@ -143,7 +160,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             if left == 0 {
                 return Ok(Wait::Nothing);
             }
-            let mut zc = self.zerocopy && !rec.fallback;
+            let mut zc = self.zerocopy && rec.copy.is_none();
             if zc
                 && self.rule == IdRule::Datagram
                 && !self.mtu.fits(sock, left, rec.dest.as_deref())
@@ -180,6 +197,9 @@ impl<B: SendBuf> SendmsgEngine<B> {
                         self.ledger.record_id(slot);
                         self.stats.zerocopy_ids += 1;
                     }
+                    if let Some(auto) = &mut self.auto {
+                        auto.on_accepted();
+                    }
                     self.stats.bytes += n as u64;
                     let rec = self.ledger.item_mut(slot);
                     rec.sent += n;
@@ -211,13 +231,23 @@ impl<B: SendBuf> SendmsgEngine<B> {
                         return Err(e);
                     }
                     self.stats.enobufs += 1;
+                    if let Some(auto) = &mut self.auto {
+                        auto.on_refusal();
+                        if auto.at_cap() == AtCap::Copy {
+                            // `auto` copies for a while rather than wait on the budget.
+                            self.ledger.item_mut(slot).copy_for(CopyReason::Budget);
+                            continue;
+                        }
+                    }
                     let reaped = reaped + self.reap_errqueue(sock, out);
                     match policy::on_budget_refusal(Refusal {
                         freed: reaped > 0,
                         may_free: self.ledger.ids_in_flight() > 0,
                     }) {
                         BudgetAction::Retry => continue,
-                        BudgetAction::Copy => self.ledger.item_mut(slot).fallback = true,
+                        BudgetAction::Copy => {
+                            self.ledger.item_mut(slot).copy_for(CopyReason::Fallback)
+                        }
                         BudgetAction::Wait => return Ok(Wait::Completions),
                     }
                 }
@@ -300,7 +330,18 @@ impl<B: SendBuf> SendmsgEngine<B> {
     fn release(&mut self, s: Settled<Record<B>>, out: &mut Vec<Released<B>>) {
         let mut rec = s.item;
         rec.kernel_copied |= s.kernel_copied;
+        self.settle_auto(&rec);
         rec.release(self.zerocopy, &mut self.stats, out);
+    }
+
+    /// Tells `auto` how a record it sent zero-copy went, and takes it off the load.
+    fn settle_auto(&mut self, rec: &Record<B>) {
+        if let Some(auto) = &mut self.auto {
+            self.zc_bytes -= rec.charge;
+            if let Some((copied, probe)) = rec.outcome() {
+                auto.observe(copied, probe, 1);
+            }
+        }
     }
 
     /// No more sends for `slot`: release it now if no id is pending.
@@ -312,7 +353,14 @@ impl<B: SendBuf> SendmsgEngine<B> {
 
     /// Gives back a buffer that took no id and no byte; `None` if the kernel holds part of it.
     fn abandon(&mut self, slot: SlotId) -> Option<B> {
-        Some(self.ledger.seal(slot)?.item.into_buf())
+        let rec = self.ledger.seal(slot)?.item;
+        if let Some(auto) = &mut self.auto {
+            self.zc_bytes -= rec.charge;
+            if rec.probe {
+                auto.probe_lost();
+            }
+        }
+        Some(rec.into_buf())
     }
 
     /// Ends `slot` with `error` after part of it went out. On a stream that part is on the wire
@@ -349,14 +397,16 @@ impl<B: SendBuf> SendmsgEngine<B> {
         sock: &Socket,
         buf: B,
         dest: Option<SockAddr>,
+        reason: Option<CopyReason>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         let mut rec = Record::new(buf, dest, self.latency.next());
+        rec.copy = reason;
         match send_copied(&mut self.stats, self.stream, sock, &mut rec) {
             Ok(true) => {
                 self.waiting = Wait::Nothing;
                 self.stats.sends += 1;
-                rec.release(false, &mut self.stats, out);
+                rec.release(self.zerocopy, &mut self.stats, out);
                 Ok(())
             }
             Ok(false) if rec.sent == 0 => {
@@ -380,7 +430,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 self.stats.sends += 1;
                 self.broken = Some(e.raw_os_error().unwrap_or(libc::EIO));
                 rec.error = Some(e);
-                rec.release(false, &mut self.stats, out);
+                rec.release(self.zerocopy, &mut self.stats, out);
                 Ok(())
             }
         }
@@ -410,11 +460,34 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
             return Err(SendError::Io { buf, error });
         }
         if !self.zerocopy {
-            return self.try_send_copy(sock, buf, dest, out);
+            return self.try_send_copy(sock, buf, dest, None, out);
         }
-        let slot = self
-            .ledger
-            .insert(Record::new(buf, dest, self.latency.next()));
+        let mut probe = false;
+        if let Some(auto) = &mut self.auto {
+            let load = Load {
+                sends: self.ledger.ids_in_flight(),
+                bytes: self.zc_bytes,
+            };
+            match auto.choose(buf.as_bytes().len(), false, load) {
+                Choice::Copy(reason) => {
+                    return self.try_send_copy(sock, buf, dest, Some(reason), out)
+                }
+                Choice::Wait => {
+                    self.waiting = Wait::Completions;
+                    self.stats.would_block += 1;
+                    return Err(SendError::WouldBlock(buf));
+                }
+                Choice::ZeroCopy { probe: p } => probe = p,
+            }
+        }
+        let mut rec = Record::new(buf, dest, self.latency.next());
+        if self.auto.is_some() {
+            rec.auto_zc = true;
+            rec.probe = probe;
+            rec.charge = rec.total;
+            self.zc_bytes += rec.total;
+        }
+        let slot = self.ledger.insert(rec);
         let result = self.write(sock, slot, out);
         let sent = self.ledger.item(slot).sent;
         match result {
@@ -484,7 +557,15 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
     }
 
     fn stats(&self) -> Stats {
-        self.stats
+        let mut s = self.stats;
+        if let Some(auto) = &self.auto {
+            auto.counts().add_to(&mut s);
+        }
+        s
+    }
+
+    fn auto_policy(&self) -> Option<&AutoPolicy> {
+        self.auto.as_ref()
     }
 
     fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {

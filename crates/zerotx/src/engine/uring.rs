@@ -52,11 +52,12 @@ use socket2::SockAddr;
 use super::shared::{SharedRing, UringShared};
 
 use crate::buf::{BufPool, SendBuf};
+use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
 use crate::engine::{Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
-use crate::report::{Readiness, Released, Stats};
+use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
 use crate::sys::uring::{self as sysu, Completion, Refused, Ring, SendKind, SendOp};
 
@@ -161,7 +162,12 @@ struct State<B> {
     /// in the SQ can name it (`leak_fd` otherwise), so the caller may close or hand back theirs.
     fd: Option<OwnedFd>,
     leak_fd: bool,
+    /// Zero-copy requests may be sent (`uring-zc`, or `auto`).
     zc: bool,
+    /// `auto`: the per-record choice between zero-copy and copy.
+    auto: Option<AutoPolicy>,
+    /// Requests whose pages are pinned now (`Req::pinned > 0`).
+    pinning: usize,
     /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
     zc_flags: u16,
     /// One request in flight (stream and seqpacket sockets).
@@ -217,6 +223,17 @@ impl<B: SendBuf> UringEngine<B> {
         zc: bool,
         cfg: UringConfig,
         shared: Option<&UringShared>,
+    ) -> Result<Self, Error> {
+        Self::with_policy(sock, zc, cfg, shared, None)
+    }
+
+    /// As [`new`](Self::new), with `auto`'s policy choosing per record (`zc` must be set).
+    pub(crate) fn with_policy(
+        sock: &Socket,
+        zc: bool,
+        cfg: UringConfig,
+        shared: Option<&UringShared>,
+        auto: Option<AutoPolicy>,
     ) -> Result<Self, Error> {
         let unsupported = |reason: String| Error::Unsupported {
             feature: if zc {
@@ -274,6 +291,8 @@ impl<B: SendBuf> UringEngine<B> {
                 fd: Some(fd),
                 leak_fd: false,
                 zc,
+                auto,
+                pinning: 0,
                 zc_flags: if report {
                     sysu::SEND_ZC_REPORT_USAGE
                 } else {
@@ -335,9 +354,37 @@ impl<B: SendBuf> State<B> {
             if !self.to_push.is_empty() || self.queue.is_empty() || blocked || !ring.has_room() {
                 return Ok(());
             }
+            let fixed = {
+                let (first, _) = self.queue.front().expect("queue not empty");
+                fixed_index(region, self.merge, first).is_some()
+            };
+            let mut zc = self.zc;
+            let mut chosen = None;
+            let mut copy_reason = None;
+            if let Some(auto) = &mut self.auto {
+                let (first, _) = self.queue.front().expect("queue not empty");
+                let load = Load {
+                    sends: self.pinning,
+                    bytes: self.pinned,
+                };
+                match auto.choose(first.as_bytes().len(), fixed, load) {
+                    Choice::ZeroCopy { probe } => chosen = Some(probe),
+                    Choice::Copy(reason) => {
+                        zc = false;
+                        copy_reason = Some(reason);
+                    }
+                    // Pinned pages come back with completions this sender's next progress reaps,
+                    // and it issues again then.
+                    Choice::Wait => return Ok(()),
+                }
+            }
             let (first, dest) = self.queue.pop_front().expect("queue not empty");
-            let fixed = fixed_index(region, self.merge, &first).is_some();
             let mut rec = Record::new(first, dest, self.latency.next());
+            if let Some(probe) = chosen {
+                rec.auto_zc = true;
+                rec.probe = probe;
+            }
+            rec.copy = copy_reason;
             // A byte-stream request carries several buffers as one iovec (as many as half the
             // locked-memory limit lets two requests pin at once); a fixed-buffer request, a
             // message and a datagram carry one.
@@ -348,7 +395,7 @@ impl<B: SendBuf> State<B> {
                     }
                     _ => break,
                 };
-                let limit = if self.zc { self.pin_limit } else { None };
+                let limit = if zc { self.pin_limit } else { None };
                 if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
                     break;
                 }
@@ -359,7 +406,7 @@ impl<B: SendBuf> State<B> {
             }
             self.to_push.push_back(Next {
                 op: SendOp::new(rec, self.spare.pop()),
-                zc: self.zc,
+                zc,
                 resubmits: 0,
             });
             self.flush_pushes(ring)?;
@@ -405,7 +452,9 @@ impl<B: SendBuf> State<B> {
         // A request from user memory charges its pages to the locked-memory limit; one that could
         // never fit goes by copy at once.
         let zc = want_zc && (fixed.is_some() || self.may_pin(len));
-        op.record_mut().fallback |= self.zc && !zc;
+        if want_zc && !zc {
+            op.record_mut().copy_for(CopyReason::Fallback);
+        }
         let kind = match (zc, fixed) {
             (true, Some(index)) => SendKind::Fixed {
                 index,
@@ -513,6 +562,7 @@ impl<B: SendBuf> State<B> {
         if req.charged && res > 0 {
             req.pinned = sysu::pin_charge(res as usize);
             self.pinned += req.pinned;
+            self.pinning += 1;
         }
         let then = if res >= 0 {
             let n = res as usize;
@@ -556,6 +606,7 @@ impl<B: SendBuf> State<B> {
     fn on_last(&mut self, req: Req, mut op: Box<SendOp<B>>, out: &mut Vec<Released<B>>) {
         if req.pinned > 0 {
             self.pinned -= req.pinned;
+            self.pinning -= 1;
             if !self.closing {
                 // Pinned pages came back: retry what the budget refused (never on a refused
                 // request's own completion, which pinned nothing).
@@ -594,6 +645,24 @@ impl<B: SendBuf> State<B> {
                 zc: req.zc,
                 resubmits: req.resubmits + 1,
             }),
+            Then::Budget if self.auto.is_some() => {
+                let auto = self.auto.as_mut().expect("checked");
+                auto.on_refusal();
+                let copy = auto.at_cap() == AtCap::Copy;
+                let mut next = Next {
+                    op,
+                    zc: true,
+                    resubmits: req.resubmits,
+                };
+                if copy || self.pinned == 0 {
+                    // `auto` copies for a while rather than wait on the budget.
+                    next.op.record_mut().copy_for(CopyReason::Budget);
+                    next.zc = false;
+                    self.to_push.push_back(next);
+                } else {
+                    self.deferred.push(next);
+                }
+            }
             Then::Budget => {
                 // Wait for this sender's pinned pages if they would make room; else copy.
                 let refusal = Refusal {
@@ -608,7 +677,7 @@ impl<B: SendBuf> State<B> {
                 match policy::on_budget_refusal(refusal) {
                     BudgetAction::Wait => self.deferred.push(next),
                     BudgetAction::Copy | BudgetAction::Retry => {
-                        next.op.record_mut().fallback = true;
+                        next.op.record_mut().copy_for(CopyReason::Fallback);
                         next.zc = false;
                         self.to_push.push_back(next);
                     }
@@ -624,6 +693,9 @@ impl<B: SendBuf> State<B> {
             self.spare.push(op);
         }
         self.held -= rec.bufs.len();
+        if let (Some(auto), Some((copied, probe))) = (&mut self.auto, rec.outcome()) {
+            auto.observe(copied, probe, rec.bufs.len() as u32);
+        }
         rec.release(self.zc, &mut self.stats, out);
     }
 
@@ -789,7 +861,15 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     }
 
     fn stats(&self) -> Stats {
-        self.st.stats
+        let mut s = self.st.stats;
+        if let Some(auto) = &self.st.auto {
+            auto.counts().add_to(&mut s);
+        }
+        s
+    }
+
+    fn auto_policy(&self) -> Option<&AutoPolicy> {
+        self.st.auto.as_ref()
     }
 
     fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {

@@ -11,17 +11,25 @@
 //! - [`zerocopy_call_len`]: how many bytes one zero-copy call may carry (vsock: one packet).
 //! - [`fixed_buffer`] and [`batch_fits`]: when io_uring sends from registered memory, and how
 //!   many buffers one request may pin.
+//! - [`auto`]: the `auto` engine's per-send choice between zero-copy and copy, from what the
+//!   kernel reports.
+
+pub(crate) mod auto;
 
 use crate::report::{CopyReason, SendPath};
 
 /// What a released buffer reports: a copy engine copies; a zero-copy engine's buffer was copied by
-/// zerotx after the budget refused it (`fallback`), or by the kernel (`kernel_copied`), or went
-/// zero-copy.
-pub(crate) fn release_path(zerocopy_engine: bool, fallback: bool, kernel_copied: bool) -> SendPath {
+/// zerotx's choice (`chosen`: after the budget refused it, or `auto`'s rules), or by the kernel
+/// (`kernel_copied`), or went zero-copy.
+pub(crate) fn release_path(
+    zerocopy_engine: bool,
+    chosen: Option<CopyReason>,
+    kernel_copied: bool,
+) -> SendPath {
     if !zerocopy_engine {
         SendPath::Copied(CopyReason::Engine)
-    } else if fallback {
-        SendPath::Copied(CopyReason::Fallback)
+    } else if let Some(reason) = chosen {
+        SendPath::Copied(reason)
     } else if kernel_copied {
         SendPath::Copied(CopyReason::Kernel)
     } else {
@@ -210,10 +218,20 @@ mod tests {
     #[test]
     fn release_paths() {
         use CopyReason::*;
-        assert_eq!(release_path(false, true, true), SendPath::Copied(Engine));
-        assert_eq!(release_path(true, true, true), SendPath::Copied(Fallback));
-        assert_eq!(release_path(true, false, true), SendPath::Copied(Kernel));
-        assert_eq!(release_path(true, false, false), SendPath::ZeroCopy);
+        assert_eq!(
+            release_path(false, Some(Fallback), true),
+            SendPath::Copied(Engine)
+        );
+        assert_eq!(
+            release_path(true, Some(Fallback), true),
+            SendPath::Copied(Fallback)
+        );
+        assert_eq!(
+            release_path(true, Some(Small), true),
+            SendPath::Copied(Small)
+        );
+        assert_eq!(release_path(true, None, true), SendPath::Copied(Kernel));
+        assert_eq!(release_path(true, None, false), SendPath::ZeroCopy);
     }
 
     #[test]

@@ -1,0 +1,538 @@
+//! The `auto` engine's choice, per send: zero-copy or copy, and why. Pure and cheap: a few
+//! integer compares and counters per send, no system call and no clock read; everything it
+//! learns comes from what the kernel already reports (completions that say COPIED, budget
+//! refusals) and from limits read once when the sender is made.
+//!
+//! The rules, in the order a send meets them:
+//! 1. **Size.** Below [`Thresholds`] for the sender's family and socket kind a send is copied
+//!    ([`CopyReason::Small`]): pinning pages, an extra fragment and a notification cost more than
+//!    a memcpy of a small buffer.
+//! 2. **Budget hold.** After the kernel refused a zero-copy send for lack of budget (`ENOBUFS`:
+//!    option memory or locked memory; `ENOMEM` from io_uring), the next [`HOLD_MIN`] sends are
+//!    copied, then zero-copy is tried again; a refusal right after a hold doubles the next hold
+//!    (up to [`HOLD_MAX`]) ([`CopyReason::Budget`]).
+//! 3. **In-flight caps.** Zero-copy sends and bytes in flight are capped ([`Caps`], derived from
+//!    `optmem_max` and `RLIMIT_MEMLOCK`); at a cap the caller's [`AtCap`] choice applies: copy,
+//!    or wait for completions. A wait is chosen only with something in flight that can end it.
+//! 4. **Copied window.** Every released zero-copy send says whether the kernel copied it after all
+//!    (loopback, a local container, a device without scatter-gather). When at least three in four
+//!    of a window of [`WINDOW`] come back copied, the sender copies
+//!    ([`CopyReason::RouteCopies`]) and sends one *probe* zero-copy now and then: first after
+//!    [`PROBE_MIN`] sends, doubling after each probe that comes back copied, up to
+//!    [`PROBE_MAX`]. A probe that comes back not copied returns the sender to zero-copy; a clean
+//!    window (nothing copied) resets the backoff. So a route that always copies costs one probe in
+//!    [`PROBE_MAX`] sends, and a route that starts paying gets zero-copy back within
+//!    [`PROBE_MAX`] sends (plus what was in flight).
+
+use crate::report::CopyReason;
+
+/// Zero-copy completions per window of the copied-window rule.
+pub(crate) const WINDOW: u32 = 32;
+/// Sends (of a size that would go zero-copy) before the first probe.
+pub(crate) const PROBE_MIN: u64 = 256;
+/// The longest gap between two probes.
+pub(crate) const PROBE_MAX: u64 = 1 << 16;
+/// Sends copied after a budget refusal.
+pub(crate) const HOLD_MIN: u32 = 16;
+/// The longest hold after refusals in a row.
+pub(crate) const HOLD_MAX: u32 = 4096;
+
+/// What a send at a cap does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AtCap {
+    /// Send it by copy now (reported as [`CopyReason::Budget`]): the default, never slower than
+    /// the copy engine and never blocks.
+    #[default]
+    Copy,
+    /// Wait for zero-copy completions: `try_send` hands the buffer back
+    /// ([`SendError::WouldBlock`](crate::SendError::WouldBlock)) and `send` waits. With nothing of
+    /// the sender's in flight that could end the wait, the send is copied instead.
+    Wait,
+}
+
+/// Smallest send that goes zero-copy, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Thresholds {
+    /// From the caller's memory: pages pinned per send.
+    pub(crate) user: usize,
+    /// From memory registered with io_uring: pinned once, at registration.
+    pub(crate) registered: usize,
+}
+
+/// Which family of system calls an `auto` sender uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// `sendmsg(2)`, `MSG_ZEROCOPY` and the error queue.
+    Syscall,
+    /// io_uring `SENDMSG`/`SEND_ZC`/`SENDMSG_ZC`.
+    Uring,
+}
+
+impl Thresholds {
+    /// The defaults, measured with `zerotx bench` where this machine can show them (UDP into the
+    /// black hole, 6.18: `uring-zc` ties `uring` at 1472 B and wins from 4 KiB; from registered
+    /// memory it wins at 1472 B already; `msg-zc` ties `copy` at 1472 B and wins from 4 KiB).
+    /// Streams use the kernel documentation's figure for `MSG_ZEROCOPY` ("generally only
+    /// effective at writes over around 10 KB"): a TCP zero-copy send through a real device cannot
+    /// be measured on one machine, where local delivery always copies.
+    pub(crate) fn new(family: Family, byte_stream: bool) -> Self {
+        const STREAM: usize = 16 * 1024;
+        const DATAGRAM: usize = 2 * 1024;
+        match (family, byte_stream) {
+            (_, true) => Self {
+                user: STREAM,
+                registered: STREAM,
+            },
+            (Family::Syscall, false) => Self {
+                user: DATAGRAM,
+                registered: DATAGRAM,
+            },
+            (Family::Uring, false) => Self {
+                user: DATAGRAM,
+                registered: 0,
+            },
+        }
+    }
+}
+
+/// Caps on what one sender has in flight zero-copy: `None` is no cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Caps {
+    /// Zero-copy sends awaiting their completion (each holds an skb of the socket's option
+    /// memory until its completion is read).
+    pub(crate) sends: Option<usize>,
+    /// Bytes of the caller's memory pinned by zero-copy sends (charged to `RLIMIT_MEMLOCK`).
+    pub(crate) bytes: Option<usize>,
+}
+
+/// What a `MSG_ZEROCOPY` completion costs in option memory: one `sk_buff` with its shared info
+/// (`SKB_TRUESIZE(0)`, 768 bytes on x86-64 6.x, rounded up).
+const NOTIFICATION_TRUESIZE: usize = 1024;
+
+impl Caps {
+    /// Caps from `optmem_max` (the sender's namespace; `MSG_ZEROCOPY` only: io_uring's
+    /// notifications are not charged there) and the locked-memory limit (`None`: unlimited or
+    /// `CAP_IPC_LOCK`), each at half, so the caps are met before the kernel refuses and leave room
+    /// for the socket's other option memory and other senders' pins.
+    pub(crate) fn derive(optmem_max: Option<usize>, memlock: Option<usize>) -> Self {
+        Self {
+            sends: optmem_max.map(|m| (m / 2 / NOTIFICATION_TRUESIZE).max(1)),
+            bytes: memlock.map(|m| m / 2),
+        }
+    }
+}
+
+/// What is in flight zero-copy now, as the engine counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Load {
+    pub(crate) sends: usize,
+    pub(crate) bytes: usize,
+}
+
+/// The choice for one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    /// Zero-copy; `probe`: a probe of a route that copied (its release must say
+    /// [`AutoPolicy::observe`] `probe: true`).
+    ZeroCopy { probe: bool },
+    /// By copy, for this reason.
+    Copy(CopyReason),
+    /// At a cap with [`AtCap::Wait`]: wait for completions, then ask again.
+    Wait,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    ZeroCopy,
+    /// The route copies: copy, and probe when `countdown` reaches 0.
+    Copying {
+        countdown: u64,
+    },
+}
+
+/// Counters of the policy's decisions (surfaced in [`Stats`](crate::Stats)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct AutoCounts {
+    pub(crate) probes: u64,
+    pub(crate) probes_paid: u64,
+    pub(crate) switches_to_copy: u64,
+    pub(crate) cap_waits: u64,
+}
+
+impl AutoCounts {
+    /// Adds the counters to a sender's [`Stats`](crate::Stats).
+    pub(crate) fn add_to(&self, s: &mut crate::report::Stats) {
+        s.probes += self.probes;
+        s.probes_paid += self.probes_paid;
+        s.switches_to_copy += self.switches_to_copy;
+        s.cap_waits += self.cap_waits;
+    }
+}
+
+/// The `auto` decision state of one sender: see the module docs.
+#[derive(Debug, Clone)]
+pub(crate) struct AutoPolicy {
+    thresholds: Thresholds,
+    caps: Caps,
+    at_cap: AtCap,
+    mode: Mode,
+    /// Zero-copy releases in the current window, and how many of them the kernel copied.
+    seen: u32,
+    copied: u32,
+    /// Probe gap = `PROBE_MIN << backoff`.
+    backoff: u32,
+    probe_out: bool,
+    /// Sends still to copy after a budget refusal, and the next hold's length.
+    hold: u32,
+    next_hold: u32,
+    /// Whether the kernel says when it copied a zero-copy send (io_uring before 6.2 does not):
+    /// without it the copied-window rule has nothing to go on and stays off.
+    reports_copies: bool,
+    counts: AutoCounts,
+}
+
+impl AutoPolicy {
+    pub(crate) fn new(thresholds: Thresholds, caps: Caps, at_cap: AtCap, reports: bool) -> Self {
+        Self {
+            thresholds,
+            caps,
+            at_cap,
+            mode: Mode::ZeroCopy,
+            seen: 0,
+            copied: 0,
+            backoff: 0,
+            probe_out: false,
+            hold: 0,
+            next_hold: HOLD_MIN,
+            reports_copies: reports,
+            counts: AutoCounts::default(),
+        }
+    }
+
+    /// The choice for a send of `len` bytes (`registered`: from memory registered with the
+    /// ring) with `load` in flight zero-copy.
+    #[inline]
+    pub(crate) fn choose(&mut self, len: usize, registered: bool, load: Load) -> Choice {
+        let threshold = if registered {
+            self.thresholds.registered
+        } else {
+            self.thresholds.user
+        };
+        if len < threshold {
+            return Choice::Copy(CopyReason::Small);
+        }
+        if self.hold > 0 {
+            self.hold -= 1;
+            return Choice::Copy(CopyReason::Budget);
+        }
+        let probe = match &mut self.mode {
+            Mode::ZeroCopy => false,
+            Mode::Copying { .. } if self.probe_out => return Choice::Copy(CopyReason::RouteCopies),
+            Mode::Copying { countdown } => {
+                *countdown = countdown.saturating_sub(1);
+                if *countdown > 0 {
+                    return Choice::Copy(CopyReason::RouteCopies);
+                }
+                true
+            }
+        };
+        let pins = !registered;
+        let over = self.caps.sends.is_some_and(|c| load.sends >= c)
+            || (pins && self.caps.bytes.is_some_and(|c| load.bytes + len > c));
+        if over {
+            if self.at_cap == AtCap::Wait && load.sends > 0 {
+                self.counts.cap_waits += 1;
+                return Choice::Wait;
+            }
+            return Choice::Copy(CopyReason::Budget);
+        }
+        if probe {
+            self.probe_out = true;
+            self.counts.probes += 1;
+        }
+        Choice::ZeroCopy { probe }
+    }
+
+    /// A zero-copy send of `bufs` buffers (an io_uring byte-stream request carries several) was
+    /// released: `copied` is what its completion said (a sample for a coalesced range, see
+    /// KERNEL.md); `probe` as its [`Choice`] said.
+    #[inline]
+    pub(crate) fn observe(&mut self, copied: bool, probe: bool, bufs: u32) {
+        if !self.reports_copies {
+            return;
+        }
+        if probe {
+            self.probe_out = false;
+            if copied {
+                self.backoff = (self.backoff + 1).min(PROBE_MAX.trailing_zeros());
+                self.mode = Mode::Copying {
+                    countdown: self.probe_gap(),
+                };
+            } else {
+                self.counts.probes_paid += 1;
+                self.mode = Mode::ZeroCopy;
+                self.seen = 0;
+                self.copied = 0;
+            }
+            return;
+        }
+        if self.mode != Mode::ZeroCopy {
+            return; // sent before the switch: the window that switched already counted its kind
+        }
+        self.seen += bufs;
+        self.copied += if copied { bufs } else { 0 };
+        if self.seen < WINDOW {
+            return;
+        }
+        if self.copied * 4 >= self.seen * 3 {
+            self.counts.switches_to_copy += 1;
+            self.mode = Mode::Copying {
+                countdown: self.probe_gap(),
+            };
+        } else if self.copied == 0 {
+            self.backoff = 0;
+        }
+        self.seen = 0;
+        self.copied = 0;
+    }
+
+    /// A probe ended without a release that says how it went (its send failed): probe again
+    /// after the usual gap.
+    pub(crate) fn probe_lost(&mut self) {
+        if self.probe_out {
+            self.probe_out = false;
+            self.mode = Mode::Copying {
+                countdown: self.probe_gap(),
+            };
+        }
+    }
+
+    /// What a send at a cap does.
+    pub(crate) fn at_cap(&self) -> AtCap {
+        self.at_cap
+    }
+
+    /// The kernel refused a zero-copy send for lack of budget: copy for a while.
+    pub(crate) fn on_refusal(&mut self) {
+        self.hold = self.next_hold;
+        self.next_hold = (self.next_hold * 2).min(HOLD_MAX);
+    }
+
+    /// A zero-copy send was accepted: refusals are no longer in a row.
+    #[inline]
+    pub(crate) fn on_accepted(&mut self) {
+        self.next_hold = HOLD_MIN;
+    }
+
+    fn probe_gap(&self) -> u64 {
+        PROBE_MIN
+            << self
+                .backoff
+                .min(PROBE_MAX.trailing_zeros() - PROBE_MIN.trailing_zeros())
+    }
+
+    /// Sends (of a zero-copy size) until the next probe, while the route copies.
+    pub(crate) fn next_probe_in(&self) -> Option<u64> {
+        match self.mode {
+            Mode::Copying { countdown } => Some(countdown),
+            Mode::ZeroCopy => None,
+        }
+    }
+
+    pub(crate) fn thresholds(&self) -> Thresholds {
+        self.thresholds
+    }
+
+    pub(crate) fn caps(&self) -> Caps {
+        self.caps
+    }
+
+    pub(crate) fn reports_copies(&self) -> bool {
+        self.reports_copies
+    }
+
+    pub(crate) fn counts(&self) -> AutoCounts {
+        self.counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy() -> AutoPolicy {
+        AutoPolicy::new(
+            Thresholds {
+                user: 4096,
+                registered: 0,
+            },
+            Caps::default(),
+            AtCap::Copy,
+            true,
+        )
+    }
+
+    /// A route scripted send by send: `copies(i)` says whether the kernel copies send `i`.
+    /// Completions come back `lag` sends later. Returns, per send, whether it went zero-copy.
+    fn drive(
+        p: &mut AutoPolicy,
+        sends: usize,
+        lag: usize,
+        copies: impl Fn(usize) -> bool,
+    ) -> Vec<bool> {
+        let mut in_flight: std::collections::VecDeque<(usize, bool)> = Default::default();
+        let mut zc = Vec::with_capacity(sends);
+        for i in 0..sends {
+            match p.choose(65536, false, Load::default()) {
+                Choice::ZeroCopy { probe } => {
+                    in_flight.push_back((i, probe));
+                    zc.push(true);
+                }
+                Choice::Copy(_) => zc.push(false),
+                Choice::Wait => unreachable!("no caps"),
+            }
+            while in_flight.front().is_some_and(|&(j, _)| j + lag <= i) {
+                let (j, probe) = in_flight.pop_front().unwrap();
+                p.observe(copies(j), probe, 1);
+            }
+        }
+        zc
+    }
+
+    proptest! {
+        /// On a route that always copies, zero-copy sends become rare: after the first window
+        /// (plus what was in flight), at most one send in `PROBE_MIN` goes zero-copy, and the
+        /// probes thin out.
+        #[test]
+        fn never_zero_copy_forever_on_a_route_that_copies(lag in 0usize..200) {
+            let mut p = policy();
+            let zc = drive(&mut p, 300_000, lag, |_| true);
+            let settled = WINDOW as usize + lag + 1;
+            let later = zc[settled..].iter().filter(|&&z| z).count();
+            prop_assert!(later <= (300_000 / PROBE_MIN as usize) + 1, "{later} zero-copy sends");
+            // Backoff: the last 100k sends carry at most 100k / PROBE_MAX + 2 probes.
+            let tail = zc[200_000..].iter().filter(|&&z| z).count();
+            prop_assert!(tail <= (100_000 / PROBE_MAX as usize) + 2, "{tail} probes in the tail");
+        }
+
+        /// Whatever happened before, once the route starts paying, zero-copy is back within
+        /// `PROBE_MAX` sends plus the completion lag, and stays.
+        #[test]
+        fn returns_to_zero_copy_once_the_route_pays(
+            lag in 0usize..100,
+            change in 0usize..200_000,
+        ) {
+            let mut p = policy();
+            let n = change + PROBE_MAX as usize + 3 * lag + 2 * WINDOW as usize + 10;
+            let zc = drive(&mut p, n, lag, |i| i < change);
+            let back = change + PROBE_MAX as usize + 2 * lag + 2;
+            prop_assert!(zc[back..].iter().all(|&z| z), "still copying after the route paid");
+        }
+
+        /// A route that copies some sends but not most keeps zero-copy.
+        #[test]
+        fn a_route_that_copies_a_few_keeps_zero_copy(lag in 0usize..50, every in 5usize..100) {
+            let mut p = policy();
+            let zc = drive(&mut p, 20_000, lag, |i| i % every == 0);
+            prop_assert!(zc.iter().all(|&z| z));
+        }
+
+        /// Budget refusals: every send gets an answer at once (no spin); a hold ends, so zero-copy
+        /// is tried again within `HOLD_MAX` sends of the last refusal; a wait is only chosen with
+        /// something in flight.
+        #[test]
+        fn refusals_hold_then_retry_and_never_wait_on_nothing(
+            refuse in proptest::collection::vec(any::<bool>(), 1..400),
+            sends_in_flight in 0usize..4,
+            wait: bool,
+        ) {
+            let mut p = AutoPolicy::new(
+                Thresholds { user: 0, registered: 0 },
+                Caps { sends: Some(2), bytes: None },
+                if wait { AtCap::Wait } else { AtCap::Copy },
+                true,
+            );
+            let mut since_zc = 0usize;
+            for (i, &r) in refuse.iter().enumerate() {
+                let load = Load { sends: sends_in_flight, bytes: 0 };
+                match p.choose(1 << 16, false, load) {
+                    Choice::ZeroCopy { .. } => {
+                        since_zc = 0;
+                        if r { p.on_refusal() } else { p.on_accepted() }
+                    }
+                    Choice::Wait => prop_assert!(sends_in_flight > 0 && wait, "send {i} waits on nothing"),
+                    Choice::Copy(reason) => {
+                        since_zc += 1;
+                        prop_assert!(matches!(reason, CopyReason::Budget));
+                        if sends_in_flight < 2 {
+                            prop_assert!(since_zc <= HOLD_MAX as usize, "hold never ends");
+                        }
+                    }
+                }
+            }
+        }
+
+        /// The size threshold: below it always copy, whatever the route.
+        #[test]
+        fn small_sends_copy(len in 0usize..4096, registered: bool) {
+            let mut p = policy();
+            let c = p.choose(len, registered, Load::default());
+            if registered {
+                let zc = matches!(c, Choice::ZeroCopy { .. });
+                prop_assert!(zc);
+            } else {
+                prop_assert_eq!(c, Choice::Copy(CopyReason::Small));
+            }
+        }
+    }
+
+    #[test]
+    fn byte_caps_apply_only_to_pinned_memory() {
+        let mut p = AutoPolicy::new(
+            Thresholds {
+                user: 0,
+                registered: 0,
+            },
+            Caps {
+                sends: None,
+                bytes: Some(100_000),
+            },
+            AtCap::Copy,
+            true,
+        );
+        let load = Load {
+            sends: 1,
+            bytes: 60_000,
+        };
+        assert_eq!(
+            p.choose(65536, false, load),
+            Choice::Copy(CopyReason::Budget)
+        );
+        assert_eq!(
+            p.choose(65536, true, load),
+            Choice::ZeroCopy { probe: false }
+        );
+    }
+
+    #[test]
+    fn without_copy_reports_the_window_stays_off() {
+        let mut p = AutoPolicy::new(
+            Thresholds::new(Family::Uring, false),
+            Caps::default(),
+            AtCap::Copy,
+            false,
+        );
+        let zc = drive(&mut p, 1000, 3, |_| true);
+        assert!(zc.iter().all(|&z| z));
+    }
+
+    #[test]
+    fn caps_are_half_the_limits() {
+        let c = Caps::derive(Some(131_072), Some(8 << 20));
+        assert_eq!(c.sends, Some(64));
+        assert_eq!(c.bytes, Some(4 << 20));
+        assert_eq!(Caps::derive(Some(100), None).sends, Some(1));
+    }
+}
