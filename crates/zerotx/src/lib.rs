@@ -8,6 +8,7 @@
 //! ## Engines ([`EngineKind`])
 //! | engine | system call | kernel | without it |
 //! |---|---|---|---|
+//! | `auto` (default) | io_uring (TCP/UDP, 6.2+) or `sendmsg(2)`; zero-copy per send where it pays | any | copies |
 //! | `copy` | `sendmsg(2)` | any | - |
 //! | `msg-zc` | `sendmsg(MSG_ZEROCOPY)` + `recvmsg(MSG_ERRQUEUE)` | TCP 4.14, UDP 5.0, vsock 6.7 | [`Error::Unsupported`] from [`Sender::new`] (`ENOPROTOOPT`/`EOPNOTSUPP` from `SO_ZEROCOPY`) |
 //! | `uring` | io_uring `IORING_OP_SENDMSG` | 5.3 | [`Error::Unsupported`] (`ENOSYS`, `EPERM` from `io_uring_setup`) |
@@ -37,7 +38,11 @@
 //! - `ENOBUFS` (`net.core.optmem_max`, `RLIMIT_MEMLOCK`): read completions and retry; with nothing
 //!   in flight, send that buffer by copy and count it ([`Stats::fallbacks`]).
 //! - A COPIED completion (loopback always copies) is a statistic ([`CopyReason::Kernel`]), not an
-//!   error.
+//!   error; `auto` learns from it: when most of a window comes back copied it copies, and probes
+//!   now and then (backing off) so a route that starts paying gets zero-copy back.
+//! - Small sends, whose pinning and notification cost more than a memcpy: `auto` copies below a
+//!   per-socket-kind threshold. Every such choice is counted in [`Stats`] and explained in plain
+//!   words by [`Sender::explain`].
 //!
 //! ## Where each piece lives
 //! | file | what |
@@ -46,7 +51,8 @@
 //! | `engine/sendmsg.rs` | the `copy` and `msg-zc` engines, with each protocol's id rules |
 //! | `engine/uring.rs`, `engine/shared.rs` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
 //! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
-//! | `engine/policy.rs` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure |
+//! | `engine/auto.rs` | `auto`: which family (io_uring or `sendmsg`) a socket gets, and why |
+//! | `engine/policy/` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure; `policy/auto.rs`: `auto`'s per-send choice (thresholds, copied windows, probes, budget holds, caps), with property tests |
 //! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
 //! | `cmsg.rs` | the error-queue decoder |
 //! | `sys/` | every system call and kernel ABI; `sys/uring/`: the io_uring ring (`ring.rs`) and the requests that own their memory and build their SQEs (`op.rs`) |
@@ -55,8 +61,9 @@
 //!
 //! ## Why some things are ours
 //! The libc calls go through a small `sys` module over `libc` (and `socket2` for addresses);
-//! the id ledger, the error-queue decoder, the page-aligned pool and the engines exist in no crate
-//! made for the job, so they are written here and tested against the real kernel.
+//! the id ledger, the error-queue decoder, the page-aligned pool, the engines and `auto`'s policy
+//! exist in no crate made for the job, so they are written here and tested against the real
+//! kernel.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -378,6 +378,8 @@ impl<B: SendBuf> State<B> {
                     Choice::Wait => return Ok(()),
                 }
             }
+            // A record sent by copy batches whatever its memory (registered or not).
+            let fixed = fixed && zc;
             let (first, dest) = self.queue.pop_front().expect("queue not empty");
             let mut rec = Record::new(first, dest, self.latency.next());
             if let Some(probe) = chosen {
@@ -390,7 +392,7 @@ impl<B: SendBuf> State<B> {
             // message and a datagram carry one.
             while self.merge && !fixed && rec.bufs.len() < self.cfg.batch {
                 let next = match self.queue.front() {
-                    Some((b, _)) if fixed_index(region, self.merge, b).is_none() => {
+                    Some((b, _)) if !zc || fixed_index(region, self.merge, b).is_none() => {
                         b.as_bytes().len()
                     }
                     _ => break,

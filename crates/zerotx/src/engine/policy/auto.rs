@@ -8,9 +8,10 @@
 //!    ([`CopyReason::Small`]): pinning pages, an extra fragment and a notification cost more than
 //!    a memcpy of a small buffer.
 //! 2. **Budget hold.** After the kernel refused a zero-copy send for lack of budget (`ENOBUFS`:
-//!    option memory or locked memory; `ENOMEM` from io_uring), the next [`HOLD_MIN`] sends are
-//!    copied, then zero-copy is tried again; a refusal right after a hold doubles the next hold
-//!    (up to [`HOLD_MAX`]) ([`CopyReason::Budget`]).
+//!    option memory or locked memory; `ENOMEM` from io_uring), with [`AtCap::Copy`] the next
+//!    [`HOLD_MIN`] sends are copied, then zero-copy is tried again; a refusal right after a hold
+//!    doubles the next hold (up to [`HOLD_MAX`]) ([`CopyReason::Budget`]). With [`AtCap::Wait`]
+//!    the engine waits for its completions instead (the rule every zero-copy engine follows).
 //! 3. **In-flight caps.** Zero-copy sends and bytes in flight are capped ([`Caps`], derived from
 //!    `optmem_max` and `RLIMIT_MEMLOCK`); at a cap the caller's [`AtCap`] choice applies: copy,
 //!    or wait for completions. A wait is chosen only with something in flight that can end it.
@@ -313,8 +314,12 @@ impl AutoPolicy {
         self.at_cap
     }
 
-    /// The kernel refused a zero-copy send for lack of budget: copy for a while.
+    /// The kernel refused a zero-copy send for lack of budget: with [`AtCap::Copy`], copy for a
+    /// while (with [`AtCap::Wait`] the engine waits for completions instead).
     pub(crate) fn on_refusal(&mut self) {
+        if self.at_cap == AtCap::Wait {
+            return;
+        }
         self.hold = self.next_hold;
         self.next_hold = (self.next_hold * 2).min(HOLD_MAX);
     }

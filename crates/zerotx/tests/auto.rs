@@ -1,0 +1,267 @@
+//! The `auto` engine on real kernel paths: it settles on copy where the kernel copies (loopback),
+//! uses zero-copy where it pays (the black hole), gets zero-copy back when a socket's route starts
+//! paying, and never surfaces a budget refusal or hangs when option memory is short. Each runs
+//! over both of auto's families (io_uring, and `sendmsg(2)` with `auto_uring: false`).
+
+mod util;
+
+use std::net::UdpSocket;
+use std::time::Duration;
+
+use util::{tcp_pair, Peer};
+use zerotx::{AtCap, CopyReason, EngineKind, SendPath, Sender, SenderConfig};
+
+/// Both families `auto` can run on here.
+fn configs() -> [(&'static str, SenderConfig); 2] {
+    [
+        ("io_uring", SenderConfig::new(EngineKind::Auto)),
+        (
+            "sendmsg",
+            SenderConfig::new(EngineKind::Auto).with_auto_uring(false),
+        ),
+    ]
+}
+
+/// Sends `n` buffers of `size` through `tx`, reaping as it goes, and returns every release's
+/// path in send order... of release (what the policy decided is visible in the paths).
+fn send_all(tx: &mut Sender<Vec<u8>>, n: usize, size: usize) -> Vec<SendPath> {
+    let mut paths = Vec::with_capacity(n);
+    let mut out = Vec::new();
+    for i in 0..n {
+        tx.send(vec![i as u8; size]).unwrap();
+        tx.reap(&mut out).unwrap();
+        for r in out.drain(..) {
+            assert!(r.report.error.is_none(), "{:?}", r.report.error);
+            paths.push(r.report.path);
+        }
+    }
+    tx.flush(Duration::from_secs(20)).unwrap();
+    tx.reap(&mut out).unwrap();
+    paths.extend(out.drain(..).map(|r| r.report.path));
+    assert_eq!(paths.len(), n);
+    paths
+}
+
+/// On TCP loopback every zero-copy send comes back copied: `auto` must notice within one window
+/// (plus what was in flight) and copy from then on, probing rarely; the byte stream stays intact.
+#[test]
+fn tcp_loopback_settles_on_copy() {
+    for (family, cfg) in configs() {
+        let (client, peer) = tcp_pair(
+            false,
+            Peer {
+                verify: false,
+                ..Peer::default()
+            },
+        );
+        let mut tx = Sender::with_config(client, cfg).unwrap();
+        assert_eq!(tx.explain().path, family);
+        let n = 3000;
+        let paths = send_all(&mut tx, n, 64 * 1024);
+        let stats = tx.stats();
+        let tried = paths
+            .iter()
+            .filter(|p| **p == SendPath::Copied(CopyReason::Kernel))
+            .count();
+        let route = paths
+            .iter()
+            .filter(|p| **p == SendPath::Copied(CopyReason::RouteCopies))
+            .count();
+        // Settled: at most a window plus what a sender can have in flight (io_uring's queue
+        // limit) before the switch, then one probe per PROBE_MIN sends at most.
+        assert!(
+            tried <= 32 + 256 + n / 256,
+            "{family}: {tried} zero-copy attempts: {stats:?}"
+        );
+        assert!(route >= n - tried, "{family}: {stats:?}");
+        assert!(stats.switches_to_copy >= 1, "{family}: {stats:?}");
+        assert_eq!(stats.probes_paid, 0, "{family}: a probe paid on loopback");
+        // The tail of the run is copy, with probes only.
+        let tail_zc = paths[n - 1000..]
+            .iter()
+            .filter(|p| **p == SendPath::Copied(CopyReason::Kernel))
+            .count();
+        assert!(tail_zc <= 1000 / 256 + 1, "{family}: {tail_zc} in the tail");
+        let explained = tx.explain();
+        assert!(!explained.zerocopy, "{family}: {explained}");
+        assert!(
+            explained.to_string().contains("zero-copy is OFF"),
+            "{explained}"
+        );
+        drop(tx);
+        assert_eq!(peer.join().unwrap().bytes, n as u64 * 64 * 1024);
+    }
+}
+
+/// Small sends copy on every route, counted as such.
+#[test]
+fn small_sends_are_copied_and_counted() {
+    for (family, cfg) in configs() {
+        let (client, peer) = tcp_pair(true, Peer::default());
+        let mut tx = Sender::with_config(client, cfg).unwrap();
+        let paths = send_all(&mut tx, 200, 1000);
+        assert!(
+            paths
+                .iter()
+                .all(|p| *p == SendPath::Copied(CopyReason::Small)),
+            "{family}: {paths:?}"
+        );
+        assert_eq!(tx.stats().copied_small, 200, "{family}");
+        drop(tx);
+        assert_eq!(peer.join().unwrap().bytes, 200 * 1000);
+    }
+}
+
+/// Into the black hole zero-copy pays: 64 KiB datagrams all go zero-copy, and the sender says so.
+#[test]
+fn black_hole_uses_zero_copy_at_64k() {
+    util::in_black_hole(65535, |bh| {
+        for dest in [bh.v4, bh.v6] {
+            for (family, cfg) in configs() {
+                let sock = UdpSocket::bind(if dest.is_ipv4() {
+                    "0.0.0.0:0"
+                } else {
+                    "[::]:0"
+                })
+                .unwrap();
+                sock.connect(dest).unwrap();
+                let mut tx = Sender::with_config(sock, cfg).unwrap();
+                let paths = send_all(&mut tx, 500, 64 * 1024 - 1024);
+                let zc = paths.iter().filter(|p| p.is_zerocopy()).count();
+                assert_eq!(zc, 500, "{family} {dest}: {:?}", tx.stats());
+                let e = tx.explain();
+                assert!(
+                    e.zerocopy && e.to_string().contains("zero-copy is ON"),
+                    "{e}"
+                );
+            }
+        }
+    });
+}
+
+/// One unconnected UDP socket: first to a local peer (the kernel copies), then into the black
+/// hole. `auto` switches to copy, and gets zero-copy back once the route pays: within one probe
+/// gap (which after this short a copy phase is at most a few thousand sends).
+#[test]
+fn zero_copy_comes_back_when_the_route_starts_paying() {
+    util::in_black_hole(65535, |bh| {
+        for (family, cfg) in configs() {
+            // A local reader, so loopback datagrams are received (and copied), not dropped.
+            let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
+            socket2::SockRef::from(&sink)
+                .set_recv_buffer_size(8 << 20)
+                .unwrap();
+            let local = sink.local_addr().unwrap();
+            sink.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let reader = std::thread::spawn(move || {
+                let mut buf = vec![0u8; 65536];
+                let mut n = 0u64;
+                while sink.recv(&mut buf).is_ok() {
+                    n += 1;
+                }
+                n
+            });
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            let mut tx: Sender<Vec<u8>> = Sender::with_config(sock, cfg).unwrap();
+            let mut out = Vec::new();
+            let size = 16 * 1024;
+            for i in 0..600 {
+                tx.send_to(vec![i as u8; size], local).unwrap();
+                if i % 8 == 0 {
+                    // Pace the local peer so none of its datagrams is dropped uncopied.
+                    tx.flush(Duration::from_secs(5)).unwrap();
+                }
+                tx.reap(&mut out).unwrap();
+            }
+            tx.flush(Duration::from_secs(5)).unwrap();
+            tx.reap(&mut out).unwrap();
+            let s = tx.stats();
+            assert!(s.switches_to_copy >= 1, "{family}: never switched: {s:?}");
+            assert!(!tx.explain().zerocopy, "{family}: {}", tx.explain());
+            out.clear();
+            let mut zc_since = None;
+            for i in 0..6000 {
+                tx.send_to(vec![i as u8; size], bh.v4).unwrap();
+                tx.reap(&mut out).unwrap();
+                if zc_since.is_none() && out.iter().any(|r| r.report.path.is_zerocopy()) {
+                    zc_since = Some(i);
+                }
+                out.clear();
+            }
+            tx.flush(Duration::from_secs(5)).unwrap();
+            let back = zc_since.unwrap_or_else(|| panic!("{family}: never back: {:?}", tx.stats()));
+            assert!(
+                back < 4096 + 300,
+                "{family}: zero-copy back only after {back} sends"
+            );
+            let s = tx.stats();
+            assert!(s.probes_paid >= 1, "{family}: {s:?}");
+            assert!(tx.explain().zerocopy, "{family}: {}", tx.explain());
+            drop(tx);
+            assert!(
+                reader.join().unwrap() >= 590,
+                "{family}: the local peer lost datagrams"
+            );
+        }
+    });
+}
+
+/// With option memory short (`optmem_max` lowered in the test's own namespace), `auto` on
+/// `sendmsg(2)` never surfaces `ENOBUFS` and never hangs: lowered before the sender exists, its
+/// cap keeps it under the limit; lowered after, the kernel refuses and `auto` copies for a while.
+/// Every buffer comes back whole, with copies counted as [`CopyReason::Budget`].
+#[test]
+fn short_option_memory_never_surfaces_enobufs_or_hangs() {
+    util::in_black_hole(65535, |bh| {
+        for lower_first in [true, false] {
+            for at_cap in [AtCap::Copy, AtCap::Wait] {
+                let default = zerotx_testbed::optmem_max().unwrap();
+                if lower_first {
+                    zerotx_testbed::set_optmem_max(4096).unwrap();
+                }
+                let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+                sock.connect(bh.v4).unwrap();
+                let cfg = SenderConfig::new(EngineKind::Auto)
+                    .with_auto_uring(false)
+                    .with_at_cap(at_cap);
+                let mut tx: Sender<Vec<u8>> = Sender::with_config(sock, cfg).unwrap();
+                if !lower_first {
+                    zerotx_testbed::set_optmem_max(1024).unwrap();
+                }
+                let mut out = Vec::new();
+                let n = 3000;
+                for i in 0..n {
+                    // `send` waits at most for this sender's own completions: never forever.
+                    tx.send(vec![i as u8; 16 * 1024]).unwrap();
+                    if i % 64 == 0 {
+                        tx.reap(&mut out).unwrap();
+                    }
+                }
+                tx.flush(Duration::from_secs(10)).unwrap();
+                tx.reap(&mut out).unwrap();
+                zerotx_testbed::set_optmem_max(default).unwrap();
+                let s = tx.stats();
+                let case = format!("lower_first={lower_first} {at_cap:?}: {s:?}");
+                assert_eq!(out.len(), n, "{case}");
+                assert!(out.iter().all(|r| r.report.error.is_none()), "{case}");
+                assert!(out.iter().all(|r| r.report.bytes == 16 * 1024), "{case}");
+                assert!(s.zerocopy > 0, "{case}");
+                if lower_first {
+                    // The cap (derived from 4096 bytes: 2 sends) kept the kernel from refusing.
+                    assert_eq!(s.enobufs, 0, "{case}");
+                    assert!(s.copied_budget > 0 || s.cap_waits > 0, "{case}");
+                } else {
+                    assert!(s.enobufs > 0, "{case}: the kernel never refused");
+                    match at_cap {
+                        // Copied for a while after each refusal.
+                        AtCap::Copy => assert!(s.copied_budget > 0, "{case}"),
+                        // Retried once completions freed room, or waited for them: every buffer
+                        // zero-copy, or copied only with nothing in flight to wait for.
+                        _ => assert_eq!(s.zerocopy + s.fallbacks, n as u64, "{case}"),
+                    }
+                }
+            }
+        }
+    });
+}
