@@ -328,11 +328,17 @@ impl<B: SendBuf> Sender<B> {
         let mut zerocopy = self.kind.is_zerocopy() && self.path != "sendmsg (copy only)";
         if let Some(p) = self.engine.auto_policy() {
             let t = p.thresholds();
+            let (moves, start) = p.tuned();
+            let tuned = if moves > 0 {
+                format!("; tuned online {moves} times from the default {start}")
+            } else {
+                String::new()
+            };
             lines.push(if t.user == t.registered {
-                format!("sends of {} bytes and more go zero-copy", t.user)
+                format!("sends of {} bytes and more go zero-copy{tuned}", t.user)
             } else {
                 format!(
-                    "sends of {} bytes and more go zero-copy ({} from a registered pool)",
+                    "sends of {} bytes and more go zero-copy ({} from a registered pool){tuned}",
                     t.user, t.registered
                 )
             });

@@ -32,8 +32,15 @@ impl Variant {
         registered: true,
     };
 
+    /// `auto` with a registered pool (on io_uring it sends from it; on `sendmsg` it takes it).
+    pub const AUTO_POOL: Variant = Variant {
+        kind: EngineKind::Auto,
+        registered: true,
+    };
+
     /// Every engine, and `uring-zc` from a registered pool.
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
+        Variant::plain(EngineKind::Auto),
         Variant::plain(EngineKind::Copy),
         Variant::plain(EngineKind::MsgZerocopy),
         Variant::plain(EngineKind::Uring),
@@ -280,9 +287,10 @@ pub fn dummy(v: Variant) -> Check {
             .map_err(|e| format!("register_pool: {e}"))?;
     }
     let tally = pooled_stream(&mut tx, &pool, N * LEN as u64, LEN)?;
+    let path = tx.explain().path;
     let stats = finish(tx, None, 0)?;
     let line = format!(
-        "{} datagrams back, {} zero-copy (NOT copied); {}",
+        "{} datagrams back, {} zero-copy (NOT copied) via {path}; {}",
         tally.released,
         tally.zerocopy,
         brief(&stats)

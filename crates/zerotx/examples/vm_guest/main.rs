@@ -109,6 +109,8 @@ fn main() {
     });
 
     let dummy = [
+        Variant::plain(EngineKind::Auto),
+        Variant::AUTO_POOL,
         Variant::plain(EngineKind::MsgZerocopy),
         Variant::plain(EngineKind::UringZc),
         Variant::ZC_POOL,
@@ -132,11 +134,12 @@ fn main() {
     }
     // The engines vsock takes: uring-zc needs TCP or UDP (the library refuses it, checked above).
     let mut vsock = vec![
+        Variant::plain(EngineKind::Auto),
         Variant::plain(EngineKind::Copy),
         Variant::plain(EngineKind::Uring),
     ];
     if vsock_zc {
-        vsock.insert(1, Variant::plain(EngineKind::MsgZerocopy));
+        vsock.insert(2, Variant::plain(EngineKind::MsgZerocopy));
     }
     for v in vsock {
         run.check(&format!("integrity {v} vsock"), LONG, move || {

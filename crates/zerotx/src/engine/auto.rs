@@ -6,9 +6,11 @@
 //!   (`IORING_SEND_ZC_REPORT_USAGE`, 6.2): many sends per `io_uring_enter`, registered buffers
 //!   when a pool is registered, and it beats the `sendmsg(2)` engines at every size measured here
 //!   (see `zerotx bench`).
-//! - **`sendmsg(2)`** with `MSG_ZEROCOPY` otherwise: vsock, a 6.1 kernel (whose io_uring cannot
-//!   tell a copied send from a zero-copy one, so `auto` could not learn), io_uring disabled or
-//!   refused (`kernel.io_uring_disabled`, seccomp, a small `RLIMIT_MEMLOCK`).
+//! - **`sendmsg(2)`** with `MSG_ZEROCOPY` otherwise: vsock, a kernel whose io_uring cannot tell
+//!   a copied send from a zero-copy one (no `IORING_SEND_ZC_REPORT_USAGE`: mainline 6.1; checked
+//!   with one real send, since distributions backport it: Debian's 6.1.0-56 has it), so `auto`
+//!   could not learn; io_uring disabled or refused (`kernel.io_uring_disabled`, seccomp, a small
+//!   `RLIMIT_MEMLOCK`).
 //! - **plain copy** where the socket has no zero-copy at all (AF_UNIX, RAW, packet; vsock before
 //!   6.7).
 //!
@@ -31,6 +33,26 @@ pub(crate) struct Built<B> {
     pub(crate) path: &'static str,
     /// Why: one sentence per decision.
     pub(crate) notes: Vec<String>,
+}
+
+/// Reads the sender thread's CPU clock for `auto`'s threshold tuner once per epoch (the policy
+/// says when), never per send.
+#[derive(Debug, Default)]
+pub(crate) struct EpochClock {
+    last: Option<std::thread::ThreadId>,
+}
+
+impl EpochClock {
+    #[inline]
+    pub(crate) fn tick(&mut self, policy: &mut AutoPolicy) {
+        if policy.clock_due() {
+            let id = std::thread::current().id();
+            let same = self.last == Some(id);
+            self.last = Some(id);
+            let ns = crate::sys::thread_cpu_ns();
+            policy.on_clock(ns, same && ns > 0);
+        }
+    }
 }
 
 /// `net.core.optmem_max` of the calling thread's network namespace.

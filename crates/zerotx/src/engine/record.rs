@@ -89,13 +89,12 @@ impl<B: SendBuf> Record<B> {
     /// refusal, or that failed, says nothing of the route (a probe's counts as copied, so the probe
     /// ends).
     pub(crate) fn outcome(&self) -> Option<(bool, bool)> {
-        if !self.auto_zc {
-            return None;
+        let clean = self.auto_zc && self.copy.is_none() && self.error.is_none();
+        if self.probe {
+            // A probe always ends, or `auto` would wait for it forever.
+            return Some((!clean || self.kernel_copied, true));
         }
-        if self.copy.is_some() || self.error.is_some() {
-            return self.probe.then_some((true, true));
-        }
-        Some((self.kernel_copied, self.probe))
+        clean.then_some((self.kernel_copied, false))
     }
 
     /// Bytes not yet taken by the kernel.

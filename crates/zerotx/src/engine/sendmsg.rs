@@ -51,6 +51,7 @@ use socket2::SockAddr;
 
 use crate::buf::{BufPool, SendBuf};
 use crate::cmsg::{self, ErrQueueMsg};
+use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
@@ -88,6 +89,7 @@ pub(crate) struct SendmsgEngine<B> {
     auto: Option<AutoPolicy>,
     /// Bytes of zero-copy sends not yet released (`auto`'s locked-memory cap).
     zc_bytes: usize,
+    clock: EpochClock,
     rule: IdRule,
     stream: bool,
     /// The socket has an error queue worth draining (see `has_error_queue`).
@@ -131,6 +133,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             zerocopy,
             auto,
             zc_bytes: 0,
+            clock: EpochClock::default(),
             rule,
             stream: sock.kind.is_stream(),
             errqueue: has_error_queue(sock, zerocopy),
@@ -165,9 +168,12 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 && self.rule == IdRule::Datagram
                 && !self.mtu.fits(sock, left, rec.dest.as_deref())
             {
-                // Fragmented: the kernel would copy it anyway (see the module docs).
+                // Fragmented: the kernel would copy it anyway (see the module docs). It tells
+                // `auto` nothing of the route: it never asked for zero-copy.
                 zc = false;
-                self.ledger.item_mut(slot).kernel_copied = true;
+                let rec = self.ledger.item_mut(slot);
+                rec.kernel_copied = true;
+                rec.auto_zc = false;
             }
             if !zc {
                 // By copy from here on (a fallback, or a datagram too large for the path).
@@ -468,7 +474,9 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                 sends: self.ledger.ids_in_flight(),
                 bytes: self.zc_bytes,
             };
-            match auto.choose(buf.as_bytes().len(), false, load) {
+            let choice = auto.choose(buf.as_bytes().len(), false, load);
+            self.clock.tick(auto);
+            match choice {
                 Choice::Copy(reason) => {
                     return self.try_send_copy(sock, buf, dest, Some(reason), out)
                 }

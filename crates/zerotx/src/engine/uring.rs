@@ -52,6 +52,7 @@ use socket2::SockAddr;
 use super::shared::{SharedRing, UringShared};
 
 use crate::buf::{BufPool, SendBuf};
+use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
@@ -168,6 +169,7 @@ struct State<B> {
     auto: Option<AutoPolicy>,
     /// Requests whose pages are pinned now (`Req::pinned > 0`).
     pinning: usize,
+    clock: EpochClock,
     /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
     zc_flags: u16,
     /// One request in flight (stream and seqpacket sockets).
@@ -293,6 +295,7 @@ impl<B: SendBuf> UringEngine<B> {
                 zc,
                 auto,
                 pinning: 0,
+                clock: EpochClock::default(),
                 zc_flags: if report {
                     sysu::SEND_ZC_REPORT_USAGE
                 } else {
@@ -367,7 +370,9 @@ impl<B: SendBuf> State<B> {
                     sends: self.pinning,
                     bytes: self.pinned,
                 };
-                match auto.choose(first.as_bytes().len(), fixed, load) {
+                let choice = auto.choose(first.as_bytes().len(), fixed, load);
+                self.clock.tick(auto);
+                match choice {
                     Choice::ZeroCopy { probe } => chosen = Some(probe),
                     Choice::Copy(reason) => {
                         zc = false;

@@ -239,6 +239,19 @@ pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result
     Ok(pfd.revents)
 }
 
+/// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: CPU time the calling thread has used, nanoseconds
+/// (0 if the clock cannot be read, which `auto`'s tuner treats as no measurement).
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts)) {
+        Ok(_) => ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
+        Err(_) => 0,
+    }
+}
+
 /// A timeout in poll(2)'s milliseconds, rounded up: truncating would turn the last partial
 /// millisecond before a deadline into polls that return at once (a busy loop).
 fn poll_millis(d: Duration) -> i32 {

@@ -15,7 +15,14 @@
 //! 3. **In-flight caps.** Zero-copy sends and bytes in flight are capped ([`Caps`], derived from
 //!    `optmem_max` and `RLIMIT_MEMLOCK`); at a cap the caller's [`AtCap`] choice applies: copy,
 //!    or wait for completions. A wait is chosen only with something in flight that can end it.
-//! 4. **Copied window.** Every released zero-copy send says whether the kernel copied it after all
+//! 4. **Threshold, refined online** ([`Tuner`]). The size threshold for the caller's memory
+//!    starts from the measured default and moves by halves and doubles: now and then the sends
+//!    near it (from half to twice the threshold) are sent zero-copy for one epoch of [`EPOCH`]
+//!    sends and by copy for the next, [`PAIRS`] pairs in a row, and the sender thread's CPU time
+//!    per byte of each arm is compared (the engine reads `CLOCK_THREAD_CPUTIME_ID` once per
+//!    epoch, never per send). Zero-copy cheaper by more than [`MARGIN`]: the threshold halves;
+//!    dearer: it doubles; then [`IDLE_EPOCHS`] epochs without experiments.
+//! 5. **Copied window.** Every released zero-copy send says whether the kernel copied it after all
 //!    (loopback, a local container, a device without scatter-gather). When at least three in four
 //!    of a window of [`WINDOW`] come back copied, the sender copies
 //!    ([`CopyReason::RouteCopies`]) and sends one *probe* zero-copy now and then: first after
@@ -38,7 +45,62 @@ pub(crate) const HOLD_MIN: u32 = 16;
 /// The longest hold after refusals in a row.
 pub(crate) const HOLD_MAX: u32 = 4096;
 
-/// What a send at a cap does.
+/// Sends between two readings of the sender thread's CPU clock.
+pub(crate) const EPOCH: u32 = 64;
+/// Epochs between two experiments of the threshold tuner.
+pub(crate) const IDLE_EPOCHS: u32 = 16;
+/// Pairs of epochs (one zero-copy, one copy) per experiment.
+pub(crate) const PAIRS: u32 = 4;
+/// How much cheaper per byte one arm must be before the threshold moves.
+pub(crate) const MARGIN: f64 = 0.10;
+/// Bounds of a tuned threshold.
+pub(crate) const TUNED_MIN: usize = 512;
+/// See [`TUNED_MIN`].
+pub(crate) const TUNED_MAX: usize = 256 * 1024;
+
+/// Which way an experiment epoch sends the sends near the threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    ZeroCopy = 0,
+    Copy = 1,
+}
+
+/// The online refinement of the threshold (see the module docs, rule 4).
+#[derive(Debug, Clone)]
+pub(crate) struct Tuner {
+    /// Experimenting: the arm of this epoch and its index.
+    arm: Option<(Arm, u32)>,
+    /// Epochs until the next experiment.
+    idle: u32,
+    sends: u32,
+    bytes: u64,
+    /// Sends near the threshold in this epoch.
+    near: u32,
+    last_ns: Option<u64>,
+    /// Per arm: CPU nanoseconds and bytes measured.
+    acc: [(u64, u64); 2],
+    /// Times the threshold moved, and where it started.
+    moves: u32,
+    start: usize,
+}
+
+impl Tuner {
+    fn new(start: usize) -> Self {
+        Self {
+            arm: None,
+            idle: IDLE_EPOCHS,
+            sends: 0,
+            bytes: 0,
+            near: 0,
+            last_ns: None,
+            acc: [(0, 0); 2],
+            moves: 0,
+            start,
+        }
+    }
+}
+
+/// What a send does at a cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum AtCap {
@@ -190,6 +252,7 @@ pub(crate) struct AutoPolicy {
     /// Whether the kernel says when it copied a zero-copy send (io_uring before 6.2 does not):
     /// without it the copied-window rule has nothing to go on and stays off.
     reports_copies: bool,
+    tuner: Tuner,
     counts: AutoCounts,
 }
 
@@ -207,6 +270,7 @@ impl AutoPolicy {
             hold: 0,
             next_hold: HOLD_MIN,
             reports_copies: reports,
+            tuner: Tuner::new(thresholds.user),
             counts: AutoCounts::default(),
         }
     }
@@ -215,13 +279,25 @@ impl AutoPolicy {
     /// ring) with `load` in flight zero-copy.
     #[inline]
     pub(crate) fn choose(&mut self, len: usize, registered: bool, load: Load) -> Choice {
+        self.tuner.sends += 1;
+        self.tuner.bytes += len as u64;
         let threshold = if registered {
             self.thresholds.registered
         } else {
             self.thresholds.user
         };
-        if len < threshold {
-            return Choice::Copy(CopyReason::Small);
+        let near = !registered && len >= threshold / 2 && len < threshold.saturating_mul(2);
+        let forced = if near {
+            self.tuner.near += 1;
+            self.tuner.arm.map(|(arm, _)| arm)
+        } else {
+            None
+        };
+        match forced {
+            Some(Arm::Copy) => return Choice::Copy(CopyReason::Small),
+            Some(Arm::ZeroCopy) => {}
+            None if len < threshold => return Choice::Copy(CopyReason::Small),
+            None => {}
         }
         if self.hold > 0 {
             self.hold -= 1;
@@ -296,6 +372,87 @@ impl AutoPolicy {
         }
         self.seen = 0;
         self.copied = 0;
+    }
+
+    /// Whether the engine should read the sender thread's CPU clock now and call
+    /// [`on_clock`](Self::on_clock): once per [`EPOCH`] sends.
+    #[inline]
+    pub(crate) fn clock_due(&self) -> bool {
+        self.tuner.sends >= EPOCH
+    }
+
+    /// The sender thread's CPU time now (`same_thread`: the same thread as at the last reading;
+    /// an epoch across two threads is not measured). Ends an epoch of the tuner.
+    pub(crate) fn on_clock(&mut self, cpu_ns: u64, same_thread: bool) {
+        let zero_copy_mode = self.mode == Mode::ZeroCopy && self.hold == 0;
+        let t = &mut self.tuner;
+        let delta = t
+            .last_ns
+            .filter(|_| same_thread)
+            .and_then(|l| cpu_ns.checked_sub(l));
+        t.last_ns = Some(cpu_ns);
+        let (sends, bytes, near) = (t.sends, t.bytes, t.near);
+        (t.sends, t.bytes, t.near) = (0, 0, 0);
+        match t.arm {
+            None => {
+                t.idle = t.idle.saturating_sub(1);
+                // Experiment only where sends near the threshold happen and zero-copy is on.
+                if t.idle == 0 && near * 4 >= sends && zero_copy_mode {
+                    t.arm = Some((Arm::ZeroCopy, 0));
+                    t.acc = [(0, 0); 2];
+                }
+            }
+            Some((arm, i)) => {
+                if let Some(d) = delta {
+                    let a = &mut t.acc[arm as usize];
+                    a.0 += d;
+                    a.1 += bytes;
+                }
+                let i = i + 1;
+                if i < 2 * PAIRS && zero_copy_mode {
+                    // ZC, C, C, ZC, ZC, C, ...: each arm sees both orders, so drift cancels.
+                    let next = if i % 2 == 1 {
+                        match arm {
+                            Arm::ZeroCopy => Arm::Copy,
+                            Arm::Copy => Arm::ZeroCopy,
+                        }
+                    } else {
+                        arm
+                    };
+                    t.arm = Some((next, i));
+                } else {
+                    t.arm = None;
+                    t.idle = IDLE_EPOCHS;
+                    if i == 2 * PAIRS {
+                        self.decide();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The end of an experiment: move the threshold toward the cheaper arm.
+    fn decide(&mut self) {
+        let [(zn, zb), (cn, cb)] = self.tuner.acc;
+        if zb == 0 || cb == 0 {
+            return;
+        }
+        let (zc, copy) = (zn as f64 / zb as f64, cn as f64 / cb as f64);
+        let t = &mut self.thresholds.user;
+        let before = *t;
+        if zc < copy * (1.0 - MARGIN) {
+            *t = (*t / 2).max(TUNED_MIN);
+        } else if zc > copy * (1.0 + MARGIN) {
+            *t = (*t * 2).min(TUNED_MAX);
+        }
+        if *t != before {
+            self.tuner.moves += 1;
+        }
+    }
+
+    /// How many times the tuner moved the threshold, and the default it started from.
+    pub(crate) fn tuned(&self) -> (u32, usize) {
+        (self.tuner.moves, self.tuner.start)
     }
 
     /// A probe ended without a release that says how it went (its send failed): probe again
@@ -491,6 +648,79 @@ mod tests {
                 prop_assert_eq!(c, Choice::Copy(CopyReason::Small));
             }
         }
+    }
+
+    /// A sender whose sends cost `len` ns by copy and `0.8 * breakeven + 0.2 * len` ns zero-copy
+    /// (they cross at `breakeven`), with noise, sizes drawn log-uniformly from 512 B to 128 KiB;
+    /// returns the tuned threshold.
+    fn tune(start: usize, breakeven: usize, seed: u64, sends: usize) -> usize {
+        let mut p = AutoPolicy::new(
+            Thresholds {
+                user: start,
+                registered: 0,
+            },
+            Caps::default(),
+            AtCap::Copy,
+            true,
+        );
+        let mut rng = seed | 1;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let fixed = 0.8 * breakeven as f64;
+        let mut clock = 0f64;
+        for _ in 0..sends {
+            let len = (512f64 * 256f64.powf((next() % 10_000) as f64 / 10_000.0)) as usize;
+            let noise = 0.8 + 0.4 * (next() % 1000) as f64 / 1000.0;
+            clock += noise
+                * match p.choose(len, false, Load::default()) {
+                    Choice::ZeroCopy { .. } => fixed + 0.2 * len as f64,
+                    _ => len as f64,
+                };
+            if p.clock_due() {
+                p.on_clock(clock as u64, true);
+            }
+        }
+        p.thresholds().user
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// From any start, the threshold settles within the band around where zero-copy starts
+        /// to pay, and never leaves its bounds.
+        #[test]
+        fn the_threshold_finds_where_zero_copy_pays(
+            start_log in 10u32..17,
+            breakeven_log in 11u32..16,
+            seed: u64,
+        ) {
+            let breakeven = 1usize << breakeven_log;
+            let t = tune(1 << start_log, breakeven, seed, 400_000);
+            prop_assert!(t >= breakeven / 4 && t <= breakeven * 4, "threshold {t} for {breakeven}");
+        }
+    }
+
+    #[test]
+    fn the_threshold_moves_only_where_sends_are_near_it() {
+        // Every send far above the threshold: no experiment, no move.
+        let mut p = policy();
+        let mut clock = 0;
+        for _ in 0..100_000 {
+            assert!(matches!(
+                p.choose(1 << 20, false, Load::default()),
+                Choice::ZeroCopy { .. }
+            ));
+            clock += 1000;
+            if p.clock_due() {
+                p.on_clock(clock, true);
+            }
+        }
+        assert_eq!(p.tuned(), (0, 4096));
+        assert_eq!(p.thresholds().user, 4096);
     }
 
     #[test]
