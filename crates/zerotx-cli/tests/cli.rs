@@ -131,7 +131,7 @@ fn bench_quick_json_shows_loopback_copied_and_black_hole_zerocopy() {
     }
     let zc_engines = ["msg-zc", "uring-zc", "uring-zc-fixed"];
     let check = |cells: &Vec<serde_json::Value>, kernel_copies: bool| {
-        assert_eq!(cells.len(), 2 * 5, "two sizes, five engines");
+        assert_eq!(cells.len(), 2 * 6, "two sizes, six engines (auto first)");
         for c in cells {
             let engine = c["engine"].as_str().unwrap();
             assert!(c["error"].is_null(), "{engine}: {}", c["error"]);
@@ -139,7 +139,21 @@ fn bench_quick_json_shows_loopback_copied_and_black_hole_zerocopy() {
             assert_eq!(c["runs"].as_array().unwrap().len(), 1);
             let zc = c["zerocopy"].as_u64().unwrap();
             let copied = c["kernel_copied"].as_u64().unwrap();
-            if zc_engines.contains(&engine) {
+            if engine == "auto" {
+                // It says what it chose; on loopback that is copying (from the first window
+                // on), into the black hole zero-copy from the registered ring.
+                let chose = c["chosen"].as_str().unwrap_or_default();
+                if kernel_copies {
+                    assert!(chose.ends_with(')'), "auto on loopback chose {chose}");
+                    assert_eq!(zc, 0, "auto: loopback never skips the copy");
+                } else {
+                    assert!(
+                        chose.ends_with("zc"),
+                        "auto into the black hole chose {chose}"
+                    );
+                    assert!(zc > 0 && copied == 0, "auto: {c}");
+                }
+            } else if zc_engines.contains(&engine) {
                 if kernel_copies {
                     assert_eq!(zc, 0, "{engine}: loopback never skips the copy");
                     assert!(copied > 0, "{engine}");
