@@ -7,7 +7,10 @@ use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use zerotx::{BufPool, EngineKind, PoolBufMut, PooledBuf, Released, Sender, SenderConfig};
+use zerotx::{
+    BufPool, CopyReason, EngineKind, PoolBufMut, PooledBuf, Released, SendPath, Sender,
+    SenderConfig,
+};
 
 use super::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
 use super::Engine;
@@ -25,16 +28,32 @@ fn kind(engine: Engine) -> Option<(EngineKind, bool)> {
     })
 }
 
-/// What `auto` did over a run, in a few words: the system calls, and how most buffers went.
-fn chosen(tx: &Sender<PooledBuf>, s: &zerotx::Stats) -> &'static str {
+/// The ways a release can say `auto` sent it: zero-copy (or tried), copied for the route, small,
+/// or for the budget.
+fn way(path: SendPath) -> usize {
+    match path {
+        SendPath::Copied(CopyReason::RouteCopies) => 1,
+        SendPath::Copied(CopyReason::Small) => 2,
+        SendPath::Copied(CopyReason::Budget | CopyReason::Fallback) => 3,
+        _ => 0,
+    }
+}
+
+/// What `auto` settled on, in a few words: the system calls, and how most of the buffers released
+/// by the final flush went (the steady state; the whole run's counts if the flush found none).
+fn chosen(tx: &Sender<PooledBuf>, s: &zerotx::Stats, tail: &[u64; 4]) -> &'static str {
     let uring = tx.explain().path == "io_uring";
-    let ways = [
-        (s.zerocopy + s.kernel_copied, 0),
-        (s.copied_route, 1),
-        (s.copied_small, 2),
-        (s.copied_budget + s.fallbacks, 3),
-    ];
-    let most = ways.iter().max_by_key(|w| w.0).map_or(0, |w| w.1);
+    let ways = if tail.iter().sum::<u64>() > 0 {
+        *tail
+    } else {
+        [
+            s.zerocopy + s.kernel_copied,
+            s.copied_route,
+            s.copied_small,
+            s.copied_budget + s.fallbacks,
+        ]
+    };
+    let most = (0..4).max_by_key(|&i| (ways[i], 4 - i)).unwrap_or(0);
     match (uring, most) {
         (true, 0) => "uring-zc",
         (true, 1) => "uring (route copies)",
@@ -53,6 +72,9 @@ pub struct ZerotxDriver {
     free: VecDeque<PoolBufMut>,
     out: Vec<Released<PooledBuf>>,
     size: usize,
+    /// How the buffers released by the final flush went, by [`way`] (for `auto`).
+    tail: [u64; 4],
+    flushing: bool,
 }
 
 impl ZerotxDriver {
@@ -70,6 +92,8 @@ impl ZerotxDriver {
             free: std::iter::from_fn(|| pool.take()).collect(),
             out: Vec::with_capacity(1024),
             size,
+            tail: [0; 4],
+            flushing: false,
         })
     }
 
@@ -81,6 +105,9 @@ impl ZerotxDriver {
             }
             if let Some(e) = r.report.error {
                 return Err(anyhow::Error::new(e).context("a send failed part way"));
+            }
+            if self.flushing {
+                self.tail[way(r.report.path)] += 1;
             }
             self.free.push_back(r.buf.into_mut());
         }
@@ -118,6 +145,7 @@ impl Driver for ZerotxDriver {
         self.tx
             .flush(FLUSH_TIMEOUT)
             .context("waiting for the last completions")?;
+        self.flushing = true;
         self.reap(lat)
     }
 
@@ -132,7 +160,8 @@ impl Driver for ZerotxDriver {
             fallbacks: s.fallbacks,
             enobufs: s.enobufs,
             policy_copied,
-            chosen: (self.tx.engine() == EngineKind::Auto).then(|| chosen(&self.tx, &s)),
+            chosen: (self.tx.engine() == EngineKind::Auto)
+                .then(|| chosen(&self.tx, &s, &self.tail)),
         }
     }
 
