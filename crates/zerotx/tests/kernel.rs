@@ -521,6 +521,38 @@ fn memlock_child() {
             stats.enobufs, stats.fallbacks
         );
     });
+    // auto under 8 KiB: its ring cannot fit (io_uring_setup answers ENOMEM), so it takes
+    // sendmsg(2) and says why; its byte cap (half the limit) and its holds after a refusal keep
+    // it from retrying into the limit. True zero-copy in the black hole, one-page buffers from a
+    // pool: nothing fails, nothing hangs, every buffer comes back.
+    util::limit_locked_memory(8 * 1024);
+    util::in_black_hole(65535, |bh| {
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.connect(bh.v4).unwrap();
+        let mut tx = Sender::with_config(sock, SenderConfig::new(EngineKind::Auto)).unwrap();
+        let e = tx.explain();
+        assert_eq!(e.path, "sendmsg", "{e}");
+        assert!(e.to_string().contains("io_uring refused"), "{e}");
+        pooled_stream(&mut tx, 8 * MIB, 4096, 64, true);
+        let stats = tx.stats();
+        let closed = tx.close(Duration::from_secs(5));
+        assert_eq!(closed.kept, 0);
+        assert_eq!(stats.sends, 2048, "auto: {stats:?}");
+        assert_eq!(stats.errors, 0, "auto: {stats:?}");
+        // Zero-copy while the user's locked memory (shared with every process of the user:
+        // rings of tests running beside this one count) has room, copies held back otherwise:
+        // the refusals back off (16, 32, ... sends copied after each), so few sends are refused.
+        assert_eq!(
+            stats.zerocopy + stats.copied_budget,
+            2048,
+            "auto: {stats:?}"
+        );
+        assert!(stats.enobufs <= 16, "auto retried into refusals: {stats:?}");
+        println!(
+            "memlock_child udp auto: zerocopy={} budget-copied={} enobufs={}",
+            stats.zerocopy, stats.copied_budget, stats.enobufs
+        );
+    });
     println!("memlock_child: ok");
 }
 
@@ -549,10 +581,16 @@ fn no_uring_child() {
         );
         assert!(msg.contains("use the copy or msg-zc engine"), "{msg}");
     }
-    // The other engines are untouched.
+    // The other engines are untouched, and auto takes sendmsg(2), saying why.
     let (client, _peer) = tcp_pair(false, Peer::default());
     let mut tx = Sender::new(client, EngineKind::MsgZerocopy).unwrap();
     tx.send(vec![1u8; 4096]).unwrap();
+    let (client, _peer) = tcp_pair(false, Peer::default());
+    let mut tx = Sender::new(client, EngineKind::Auto).unwrap();
+    tx.send(vec![1u8; 64 * 1024]).unwrap();
+    let e = tx.explain();
+    assert_eq!(e.path, "sendmsg", "{e}");
+    assert!(e.to_string().contains("io_uring unavailable"), "{e}");
     let report = zerotx::probe();
     assert!(!report.io_uring.available, "{:?}", report.io_uring);
     assert!(!report.io_uring.send_zc);
