@@ -34,8 +34,9 @@
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
 //!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
-//! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
-//!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
+//! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor (or the
+//!   ring's registered file slot holding it: see [`sys::uring::Ring`](crate::sys::uring::Ring)).
+//!   Shutdown submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
 //!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
 //!   leaks them (see [`sys::uring::Ring`](crate::sys::uring::Ring)) and shutdown counts them.
@@ -260,10 +261,7 @@ impl<B: SendBuf> UringEngine<B> {
             Some(r) => r.ring.clone(),
             None => SharedRing::new(cfg)?,
         };
-        let owner = ring.lock().join().ok_or_else(|| Error::Config {
-            problem: "more than 65535 senders at once on one ring".into(),
-            fix: "make another UringShared".into(),
-        })?;
+        let owner = ring.join(&fd)?;
         let cfg = ring.cfg;
         let report = zc && sysu::report_usage();
         Ok(Self {
