@@ -172,7 +172,8 @@ struct State<B> {
     /// What zero-copy requests may pin at most (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
     pin_limit: Option<usize>,
     cfg: UringConfig,
-    queue: VecDeque<(B, Option<SockAddr>)>,
+    /// Destinations boxed: an entry moves twice per send, and most sends have none.
+    queue: VecDeque<(B, Option<Box<SockAddr>>)>,
     /// This sender's requests in the ring, by the index their CQEs carry.
     reqs: Slab<Req>,
     latency: LatencySampler,
@@ -733,7 +734,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                 return Err(SendError::WouldBlock(buf));
             }
         }
-        st.queue.push_back((buf, dest));
+        st.queue.push_back((buf, dest.map(Box::new)));
         st.held += 1;
         st.stats.sends += 1;
         let res = st.issue(&mut ring).and_then(|()| ring.submit_if_due());

@@ -76,7 +76,8 @@ pub(crate) struct SendOp<B> {
     fd: RawFd,
     kind: SendKind,
     flags: i32,
-    /// The record's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`].
+    /// The record's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`] that sends a
+    /// `msghdr` (a fixed-buffer `SEND_ZC` points straight at its bytes).
     iov: SmallVec<[libc::iovec; 1]>,
     /// Points at `iov` and the record's boxed destination; rebuilt by every [`Op::entry`].
     msg: libc::msghdr,
@@ -147,31 +148,31 @@ unsafe impl<B: SendBuf> Op for SendOp<B> {
             msg,
         } = self;
         let rec = rec.as_ref().expect("a request holds its record");
-        iov.clear();
-        iov.extend(rec.unsent().map(|bytes| libc::iovec {
-            iov_base: bytes.as_ptr() as *mut libc::c_void,
-            iov_len: bytes.len(),
-        }));
         let dest = rec.dest.as_deref();
         let fd = *fd;
+        // A fixed-buffer SEND_ZC needs no iovec and no msghdr: its SQE points at the bytes.
+        if !matches!(kind, SendKind::Fixed { .. }) {
+            iov.clear();
+            iov.extend(rec.unsent().map(|bytes| libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            }));
+        }
         match *kind {
             SendKind::Fixed { index, zc_flags } => {
-                debug_assert_eq!(iov.len(), 1, "a fixed-buffer request carries one buffer");
-                let one = iov.first().copied().unwrap_or(libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                });
+                debug_assert_eq!(
+                    rec.bufs.len(),
+                    1,
+                    "a fixed-buffer request carries one buffer"
+                );
+                let one = rec.unsent().next().unwrap_or_default();
                 // A registered buffer lies in a region of at most 1 GiB (checked at registration),
                 // so its length fits the SQE's 32 bits.
-                let len = u32::try_from(one.iov_len).expect("registered buffers are <= 1 GiB");
-                let mut op = on_target!(file, fd, |t| opcode::SendZc::new(
-                    t,
-                    one.iov_base as *const u8,
-                    len
-                ))
-                .buf_index(Some(index))
-                .flags(*flags)
-                .zc_flags(zc_flags | bad);
+                let len = u32::try_from(one.len()).expect("registered buffers are <= 1 GiB");
+                let mut op = on_target!(file, fd, |t| opcode::SendZc::new(t, one.as_ptr(), len))
+                    .buf_index(Some(index))
+                    .flags(*flags)
+                    .zc_flags(zc_flags | bad);
                 if let Some(d) = dest {
                     op = op.dest_addr(d.as_ptr()).dest_addr_len(d.len());
                 }

@@ -407,11 +407,16 @@ impl Ring {
         }
     }
 
-    /// Drains the CQ into the owners' inboxes (flushing what overflowed) and moves `owner`'s into
-    /// `out`. A request leaves the ring with its last CQE, whoever reaps it.
+    /// Moves `owner`'s inbox into `out`, then drains the CQ (flushing what overflowed): `owner`'s
+    /// CQEs to `out`, the others' to their inboxes. A request leaves the ring with its last CQE,
+    /// whoever reaps it.
     pub(crate) fn reap_for(&mut self, owner: u16, out: &mut Vec<Completion>) {
+        // What others reaped for it came first: keep each request's CQEs in order.
+        if let Some(o) = self.owner(owner) {
+            out.append(&mut o.inbox);
+        }
         for _ in 0..FLUSH_ROUNDS {
-            self.drain_cq();
+            self.drain_cq(owner, out);
             if !self.cq_overflow() {
                 break;
             }
@@ -421,12 +426,10 @@ impl Ring {
                 break;
             }
         }
-        if let Some(o) = self.owner(owner) {
-            out.append(&mut o.inbox);
-        }
     }
 
-    fn drain_cq(&mut self) {
+    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`.
+    fn drain_cq(&mut self, reaper: u16, out: &mut Vec<Completion>) {
         let mut gone = Vec::new();
         for e in self.ring.completion() {
             let ud = e.user_data();
@@ -461,7 +464,9 @@ impl Ring {
             if cqe.last {
                 o.live -= 1;
             }
-            if !o.left {
+            if who == reaper && !o.left {
+                out.push(Completion { cqe, op });
+            } else if !o.left {
                 o.inbox.push(Completion { cqe, op });
             } else {
                 // Its sender counted it as kept: leak it (see the module docs).
@@ -519,6 +524,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use socket2::SockAddr;
+
     use super::*;
     use crate::buf::SendBuf;
     use crate::engine::record::Record;
@@ -548,7 +555,11 @@ mod tests {
         }
         let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         sock.connect(sock.local_addr().unwrap()).unwrap();
-        let rec = Record::new(Counted(vec![7; 1000], drops.clone()), None, None);
+        let rec = Record::new(
+            Counted(vec![7; 1000], drops.clone()),
+            None::<SockAddr>,
+            None,
+        );
         let mut op = SendOp::new(rec, None);
         op.set(
             sock.as_raw_fd(),
@@ -631,7 +642,11 @@ mod tests {
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
     fn copy_op(sock: &UdpSocket, byte: u8, drops: &Arc<AtomicUsize>) -> Box<SendOp<Counted>> {
-        let rec = Record::new(Counted(vec![byte; 100], drops.clone()), None, None);
+        let rec = Record::new(
+            Counted(vec![byte; 100], drops.clone()),
+            None::<SockAddr>,
+            None,
+        );
         let mut op = SendOp::new(rec, None);
         op.set(sock.as_raw_fd(), SendKind::Copy, libc::MSG_NOSIGNAL);
         op
