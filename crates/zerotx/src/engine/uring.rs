@@ -34,12 +34,13 @@
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
 //!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
-//! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor (or the
-//!   ring's registered file slot holding it: see [`sys::uring::Ring`](crate::sys::uring::Ring)).
-//!   Shutdown submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
+//! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
+//!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
 //!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
 //!   leaks them (see [`sys::uring::Ring`](crate::sys::uring::Ring)) and shutdown counts them.
+//!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
+//!   (see [`sys::uring::Ring`](crate::sys::uring::Ring)).
 
 use std::collections::VecDeque;
 use std::io;
