@@ -299,3 +299,89 @@ fn bench_baselines_run_beside_zerotx_and_export_markdown() {
     assert!(md_text.contains("### tcp-loopback"), "{md_text}");
     assert!(md_text.contains("| copy / raw-copy |"), "{md_text}");
 }
+
+/// liburing's `examples/send-zerocopy.c` (vendored in `benches/liburing/`), built against
+/// liburing-dev the way `scripts/compare-raw.sh` builds it; `None` (a skip, or a failure under
+/// `ZEROTX_STRICT=1`) without the header or a C compiler.
+fn liburing_example() -> Option<std::path::PathBuf> {
+    let skip = |why: &str| {
+        assert!(!strict(), "ZEROTX_STRICT=1 and {why}");
+        eprintln!("SKIPPED: {why}");
+        None
+    };
+    if !std::path::Path::new("/usr/include/liburing.h").exists() {
+        return skip("liburing-dev is not installed (no /usr/include/liburing.h)");
+    }
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../benches/liburing/send-zerocopy.c");
+    let bin = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("send-zerocopy-{}", std::process::id()));
+    let built = std::process::Command::new("cc")
+        .args(["-O2", "-D_GNU_SOURCE", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args(["-luring", "-lpthread"])
+        .status();
+    match built {
+        Ok(s) if s.success() => Some(bin),
+        Ok(s) => panic!("building {} failed: {s}", src.display()),
+        Err(e) => skip(&format!(
+            "no C compiler to build liburing's example: cc: {e}"
+        )),
+    }
+}
+
+#[test]
+fn bench_runs_liburings_example_as_a_column_beside_zerotx() {
+    if !is_root() {
+        assert!(!strict(), "ZEROTX_STRICT=1 and the bench test needs root");
+        eprintln!("SKIPPED: the black hole needs root (a network namespace)");
+        return;
+    }
+    let Some(example) = liburing_example() else {
+        return;
+    };
+    let md = std::env::temp_dir().join(format!("zerotx-liburing-{}.md", std::process::id()));
+    let out = zerotx()
+        .args([
+            "bench",
+            "--topology",
+            "udp-blackhole",
+            "--engines",
+            "uring-zc-fixed",
+            "--sizes",
+            "4K",
+            "--duration",
+            "0.05",
+            "--repeat",
+            "1",
+            "--json",
+            "--liburing",
+        ])
+        .arg(&example)
+        .arg("--export-markdown")
+        .arg(&md)
+        .assert()
+        .success();
+    std::fs::remove_file(&example).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let Some(udp) = cells(&v, "udp-blackhole") else {
+        return;
+    };
+    let cell = |e: &str| {
+        udp.iter()
+            .find(|c| c["engine"] == e)
+            .unwrap_or_else(|| panic!("no {e} cell in {udp:?}"))
+    };
+    for e in ["uring-zc-fixed", "liburing-zc-fixed"] {
+        let c = cell(e);
+        assert!(c["error"].is_null(), "{e}: {}", c["error"]);
+        assert!(c["mb_s"]["median"].as_f64().unwrap() > 0.0, "{e}: {c}");
+    }
+    let md_text = std::fs::read_to_string(&md).unwrap();
+    std::fs::remove_file(&md).unwrap();
+    assert!(
+        md_text.contains("uring-zc-fixed / liburing-zc-fixed"),
+        "{md_text}"
+    );
+}

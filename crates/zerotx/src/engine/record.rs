@@ -45,14 +45,19 @@ pub(crate) struct Record<B> {
 }
 
 impl<B: SendBuf> Record<B> {
-    /// A record of one buffer.
-    pub(crate) fn new(buf: B, dest: Option<SockAddr>, started: Option<Instant>) -> Self {
+    /// A record of one buffer (`dest` boxed or not: an engine that queues buffers boxes the
+    /// destination when it accepts one, so the queue's entries stay small where they move).
+    pub(crate) fn new(
+        buf: B,
+        dest: Option<impl Into<Box<SockAddr>>>,
+        started: Option<Instant>,
+    ) -> Self {
         let total = buf.as_bytes().len();
         let mut bufs = SmallVec::new();
         bufs.push(buf);
         Self {
             bufs,
-            dest: dest.map(Box::new),
+            dest: dest.map(Into::into),
             total,
             sent: 0,
             copy: None,

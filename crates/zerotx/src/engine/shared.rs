@@ -5,6 +5,7 @@
 //!
 //! [`sys::uring::Ring`]: crate::sys::uring::Ring
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::buf::BufPool;
@@ -53,6 +54,17 @@ impl SharedRing {
     /// per call, so a panic elsewhere leaves it consistent).
     pub(crate) fn lock(&self) -> MutexGuard<'_, Ring> {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Joins the ring as a new owner whose requests go to `fd` (by its registered file slot when
+    /// the ring has one free: see [`Ring`]).
+    pub(crate) fn join(&self, fd: &OwnedFd) -> Result<u16, Error> {
+        self.lock()
+            .join(Some(fd.as_raw_fd()))
+            .ok_or_else(|| Error::Config {
+                problem: "more than 65535 senders at once on one ring".into(),
+                fix: "make another UringShared".into(),
+            })
     }
 
     /// Registers `pool` as fixed buffer 0 of the ring, once: the same pool again is a no-op.
@@ -107,9 +119,11 @@ impl SharedRing {
 ///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back (a
 ///   zero-copy request that already sent keeps its slot until its notification, when the kernel
 ///   lets go of the pages: with a peer that never reads, until the connection ends). Its SQEs
-///   name the socket through the sender's own duplicate of the descriptor, closed only once no
-///   unsubmitted SQE can name it (leaked if `io_uring_enter` failed), so the caller's descriptor
-///   number can be reused at once without a stale request reaching the new socket. The buffers
+///   name the socket through a registered file slot of the ring (the first 64 senders at once;
+///   cleared only once no unsubmitted SQE can name it) or through the sender's own duplicate of
+///   the descriptor, closed only once no unsubmitted SQE can name it (leaked if `io_uring_enter`
+///   failed), so the caller's descriptor number can be reused at once without a stale request
+///   reaching the new socket. The buffers
 ///   of requests still in flight are kept (leaked, never freed, counted in
 ///   [`leaked_buffers`](crate::leaked_buffers)), as are those of requests in flight when the
 ///   last handle to the ring goes.

@@ -39,6 +39,8 @@
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
 //!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
 //!   leaks them (see [`sys::uring::Ring`](crate::sys::uring::Ring)) and shutdown counts them.
+//!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
+//!   (see [`sys::uring::Ring`](crate::sys::uring::Ring)).
 
 use std::collections::VecDeque;
 use std::io;
@@ -179,7 +181,8 @@ struct State<B> {
     /// What zero-copy requests may pin at most (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
     pin_limit: Option<usize>,
     cfg: UringConfig,
-    queue: VecDeque<(B, Option<SockAddr>)>,
+    /// Destinations boxed: an entry moves twice per send, and most sends have none.
+    queue: VecDeque<(B, Option<Box<SockAddr>>)>,
     /// This sender's requests in the ring, by the index their CQEs carry.
     reqs: Slab<Req>,
     latency: LatencySampler,
@@ -279,10 +282,7 @@ impl<B: SendBuf> UringEngine<B> {
             Some(r) => r.ring.clone(),
             None => SharedRing::new(cfg)?,
         };
-        let owner = ring.lock().join().ok_or_else(|| Error::Config {
-            problem: "more than 65535 senders at once on one ring".into(),
-            fix: "make another UringShared".into(),
-        })?;
+        let owner = ring.join(&fd)?;
         let cfg = ring.cfg;
         let report = zc && sysu::report_usage();
         Ok(Self {
@@ -814,7 +814,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                 return Err(SendError::WouldBlock(buf));
             }
         }
-        st.queue.push_back((buf, dest));
+        st.queue.push_back((buf, dest.map(Box::new)));
         st.held += 1;
         st.stats.sends += 1;
         let res = st.issue(&mut ring).and_then(|()| ring.submit_if_due());

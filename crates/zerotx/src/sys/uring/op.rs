@@ -27,7 +27,25 @@ use crate::engine::record::Record;
 /// box back; it never drops one earlier).
 pub(crate) unsafe trait Op: Any + Send {
     /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
-    fn entry(&mut self) -> squeue::Entry;
+    /// A request on a socket names it as registered file `file` (`IOSQE_FIXED_FILE`) when given.
+    fn entry(&mut self, file: Option<u32>) -> squeue::Entry;
+}
+
+/// Builds `$op` with `$t` bound to the target: registered file `$file` if `Some`, else
+/// descriptor `$fd` (the `io-uring` crate types the two apart).
+macro_rules! on_target {
+    ($file:expr, $fd:expr, |$t:ident| $op:expr) => {
+        match $file {
+            Some(slot) => {
+                let $t = types::Fixed(slot);
+                $op
+            }
+            None => {
+                let $t = types::Fd($fd);
+                $op
+            }
+        }
+    };
 }
 
 /// How a [`SendOp`] goes.
@@ -58,7 +76,8 @@ pub(crate) struct SendOp<B> {
     fd: RawFd,
     kind: SendKind,
     flags: i32,
-    /// The record's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`].
+    /// The record's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`] that sends a
+    /// `msghdr` (a fixed-buffer `SEND_ZC` points straight at its bytes).
     iov: SmallVec<[libc::iovec; 1]>,
     /// Points at `iov` and the record's boxed destination; rebuilt by every [`Op::entry`].
     msg: libc::msghdr,
@@ -118,7 +137,7 @@ impl<B: SendBuf> SendOp<B> {
 // record's buffers, which `SendBuf` promises stay in place and unchanged while the buffers live:
 // they live in the value. `rec` is replaced only by its owner, never while a ring holds the value.
 unsafe impl<B: SendBuf> Op for SendOp<B> {
-    fn entry(&mut self) -> squeue::Entry {
+    fn entry(&mut self, file: Option<u32>) -> squeue::Entry {
         let bad = super::take_bad_sqe();
         let Self {
             rec,
@@ -129,24 +148,28 @@ unsafe impl<B: SendBuf> Op for SendOp<B> {
             msg,
         } = self;
         let rec = rec.as_ref().expect("a request holds its record");
-        iov.clear();
-        iov.extend(rec.unsent().map(|bytes| libc::iovec {
-            iov_base: bytes.as_ptr() as *mut libc::c_void,
-            iov_len: bytes.len(),
-        }));
         let dest = rec.dest.as_deref();
-        let fd = types::Fd(*fd);
+        let fd = *fd;
+        // A fixed-buffer SEND_ZC needs no iovec and no msghdr: its SQE points at the bytes.
+        if !matches!(kind, SendKind::Fixed { .. }) {
+            iov.clear();
+            iov.extend(rec.unsent().map(|bytes| libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            }));
+        }
         match *kind {
             SendKind::Fixed { index, zc_flags } => {
-                debug_assert_eq!(iov.len(), 1, "a fixed-buffer request carries one buffer");
-                let one = iov.first().copied().unwrap_or(libc::iovec {
-                    iov_base: std::ptr::null_mut(),
-                    iov_len: 0,
-                });
+                debug_assert_eq!(
+                    rec.bufs.len(),
+                    1,
+                    "a fixed-buffer request carries one buffer"
+                );
+                let one = rec.unsent().next().unwrap_or_default();
                 // A registered buffer lies in a region of at most 1 GiB (checked at registration),
                 // so its length fits the SQE's 32 bits.
-                let len = u32::try_from(one.iov_len).expect("registered buffers are <= 1 GiB");
-                let mut op = opcode::SendZc::new(fd, one.iov_base as *const u8, len)
+                let len = u32::try_from(one.len()).expect("registered buffers are <= 1 GiB");
+                let mut op = on_target!(file, fd, |t| opcode::SendZc::new(t, one.as_ptr(), len))
                     .buf_index(Some(index))
                     .flags(*flags)
                     .zc_flags(zc_flags | bad);
@@ -157,14 +180,14 @@ unsafe impl<B: SendBuf> Op for SendOp<B> {
             }
             SendKind::ZeroCopy { zc_flags } => {
                 *msg = crate::sys::send_msghdr(iov, dest);
-                opcode::SendMsgZc::new(fd, &*msg)
+                on_target!(file, fd, |t| opcode::SendMsgZc::new(t, &*msg))
                     .flags(*flags as u32)
                     .ioprio(zc_flags | bad)
                     .build()
             }
             SendKind::Copy => {
                 *msg = crate::sys::send_msghdr(iov, dest);
-                opcode::SendMsg::new(fd, &*msg)
+                on_target!(file, fd, |t| opcode::SendMsg::new(t, &*msg))
                     .flags(*flags as u32)
                     .ioprio(bad)
                     .build()
@@ -175,14 +198,15 @@ unsafe impl<B: SendBuf> Op for SendOp<B> {
 
 /// `IORING_OP_ASYNC_CANCEL` of every request on the file descriptor `fd` names
 /// (`IORING_ASYNC_CANCEL_FD | IORING_ASYNC_CANCEL_ALL`, 5.19): parked requests complete with
-/// `-ECANCELED`.
+/// `-ECANCELED`. The kernel matches requests by their `struct file`, so it also finds those that
+/// named the file by its registered slot (`io_cancel_req_match`).
 pub(crate) struct Cancel {
     pub(crate) fd: RawFd,
 }
 
 // SAFETY: a cancel by descriptor points at no memory.
 unsafe impl Op for Cancel {
-    fn entry(&mut self) -> squeue::Entry {
+    fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {
         opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(self.fd)).all()).build()
     }
 }
@@ -192,7 +216,7 @@ pub(crate) struct Nop;
 
 // SAFETY: a NOP points at no memory.
 unsafe impl Op for Nop {
-    fn entry(&mut self) -> squeue::Entry {
+    fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {
         opcode::Nop::new().build()
     }
 }

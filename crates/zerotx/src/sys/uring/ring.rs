@@ -30,6 +30,15 @@
 //!   submit.
 //! - **Never spin.** Pushing into a full SQ enters the kernel once; if the SQ is still full the
 //!   request is handed back and the caller tries again at its next progress.
+//! - **Registered files.** The ring registers a sparse table of [`FILE_SLOTS`] files
+//!   (`IORING_REGISTER_FILES2`, 5.19); an owner that joins with a descriptor gets the slot of its
+//!   id when there is one (`IORING_REGISTER_FILES_UPDATE`), and its requests name that slot
+//!   (`IOSQE_FIXED_FILE`): the kernel skips a descriptor lookup (`fget`/`fput`) per request, and
+//!   a request names the socket itself, never a number that may be reused. The slot is cleared
+//!   only once no SQE can name it: at [`Ring::leave`] when the SQ is empty (a request already
+//!   submitted holds its own reference to the file), else when the owner's last request finished.
+//!   Without the table (an older kernel, `RLIMIT_NOFILE` below it) or past its size, requests name
+//!   the descriptor.
 
 use std::any::Any;
 use std::io;
@@ -54,6 +63,8 @@ pub(crate) const UNKNOWN: usize = usize::MAX - 1;
 pub(crate) const MAX_REGISTERED: usize = 1 << 30;
 /// Rounds of "drain the CQ, then flush what overflowed into it" per reap.
 const FLUSH_ROUNDS: usize = 4;
+/// Registered file slots per ring: owners with a smaller id name their socket by slot.
+pub(crate) const FILE_SLOTS: u32 = 64;
 
 /// One completion queue entry, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,6 +131,8 @@ struct Owner {
     live: usize,
     /// The sender is gone; its id comes free when `live` reaches 0.
     left: bool,
+    /// The registered file slot its requests name (its id), while it holds its socket.
+    file: Option<u32>,
 }
 
 /// An io_uring instance (`io_uring_setup`) shared by owners: see the module docs.
@@ -135,6 +148,8 @@ pub(crate) struct Ring {
     next_owner: u16,
     pool: Option<BufPool>,
     enters: u64,
+    /// Slots of the registered file table (0: none).
+    file_slots: u32,
 }
 
 impl Ring {
@@ -146,6 +161,11 @@ impl Ring {
         let ring = IoUring::builder()
             .setup_cqsize(entries.saturating_mul(2))
             .build(entries)?;
+        // Registered files are a saving, not a need: without the table, requests name descriptors.
+        let file_slots = match ring.submitter().register_files_sparse(FILE_SLOTS) {
+            Ok(()) => FILE_SLOTS,
+            Err(_) => 0,
+        };
         Ok(Self {
             ring,
             entries,
@@ -156,12 +176,14 @@ impl Ring {
             next_owner: 0,
             pool: None,
             enters: 0,
+            file_slots,
         })
     }
 
     /// A new owner: a free id (one whose owner left and whose requests all finished), or the next
-    /// never used; `None` when 65535 owners are on the ring.
-    pub(crate) fn join(&mut self) -> Option<u16> {
+    /// never used; `None` when 65535 owners are on the ring. Its requests name `fd` through the
+    /// registered file slot of its id if there is one (see the module docs), else `fd` itself.
+    pub(crate) fn join(&mut self, fd: Option<RawFd>) -> Option<u16> {
         let owner = match self.free_ids.pop() {
             Some(id) => id,
             None if self.next_owner < NOBODY => {
@@ -174,10 +196,23 @@ impl Ring {
         if self.owners.len() <= i {
             self.owners.resize_with(i + 1, || None);
         }
+        // The slot of a reused id was cleared when its last owner's last request finished, or
+        // holds that owner's socket if clearing failed: this update replaces it either way.
+        let slot = u32::from(owner);
+        let file = fd
+            .filter(|_| slot < self.file_slots)
+            .filter(|&fd| {
+                self.ring
+                    .submitter()
+                    .register_files_update(slot, &[fd])
+                    .is_ok()
+            })
+            .map(|_| slot);
         self.owners[i] = Some(Owner {
             inbox: Vec::new(),
             live: 0,
             left: false,
+            file,
         });
         Some(owner)
     }
@@ -193,10 +228,24 @@ impl Ring {
             std::mem::forget(c.op);
         }
         o.inbox = Vec::new();
-        if o.live == 0 {
+        let live = o.live;
+        // With the SQ empty no SQE names the slot; requests already submitted hold the file.
+        if live == 0 || self.sq_len() == 0 {
+            self.release_file(owner);
+        }
+        if live == 0 {
             self.owners[usize::from(owner)] = None;
             self.free_ids.push(owner);
         }
+    }
+
+    /// Clears `owner`'s registered file slot, which no SQE in the SQ may name any more. If the
+    /// kernel refuses, the slot keeps the socket open until the id's next owner replaces it.
+    fn release_file(&mut self, owner: u16) {
+        let Some(slot) = self.owner(owner).and_then(|o| o.file.take()) else {
+            return;
+        };
+        let _ = self.ring.submitter().register_files_update(slot, &[-1]);
     }
 
     fn owner(&mut self, owner: u16) -> Option<&mut Owner> {
@@ -248,8 +297,9 @@ impl Ring {
         mut op: Box<O>,
     ) -> Result<(), Refused<O>> {
         let slot = self.slots.vacant_key();
+        let file = self.owner(owner).and_then(|o| o.file);
         let entry = op
-            .entry()
+            .entry(file)
             .user_data((u64::from(owner) << OWNER_SHIFT) | slot as u64);
         // SAFETY: the entry points only at memory `op` owns (the `Op` contract), in its box. The
         // box goes into slot `slot` below, untouched, and leaves it only with the request's last
@@ -357,11 +407,16 @@ impl Ring {
         }
     }
 
-    /// Drains the CQ into the owners' inboxes (flushing what overflowed) and moves `owner`'s into
-    /// `out`. A request leaves the ring with its last CQE, whoever reaps it.
+    /// Moves `owner`'s inbox into `out`, then drains the CQ (flushing what overflowed): `owner`'s
+    /// CQEs to `out`, the others' to their inboxes. A request leaves the ring with its last CQE,
+    /// whoever reaps it.
     pub(crate) fn reap_for(&mut self, owner: u16, out: &mut Vec<Completion>) {
+        // What others reaped for it came first: keep each request's CQEs in order.
+        if let Some(o) = self.owner(owner) {
+            out.append(&mut o.inbox);
+        }
         for _ in 0..FLUSH_ROUNDS {
-            self.drain_cq();
+            self.drain_cq(owner, out);
             if !self.cq_overflow() {
                 break;
             }
@@ -371,12 +426,10 @@ impl Ring {
                 break;
             }
         }
-        if let Some(o) = self.owner(owner) {
-            out.append(&mut o.inbox);
-        }
     }
 
-    fn drain_cq(&mut self) {
+    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`.
+    fn drain_cq(&mut self, reaper: u16, out: &mut Vec<Completion>) {
         let mut gone = Vec::new();
         for e in self.ring.completion() {
             let ud = e.user_data();
@@ -411,7 +464,9 @@ impl Ring {
             if cqe.last {
                 o.live -= 1;
             }
-            if !o.left {
+            if who == reaper && !o.left {
+                out.push(Completion { cqe, op });
+            } else if !o.left {
                 o.inbox.push(Completion { cqe, op });
             } else {
                 // Its sender counted it as kept: leak it (see the module docs).
@@ -422,6 +477,8 @@ impl Ring {
             }
         }
         for who in gone {
+            // Its last request finished: no SQE names its slot any more.
+            self.release_file(who);
             self.owners[usize::from(who)] = None;
             self.free_ids.push(who);
         }
@@ -467,6 +524,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use socket2::SockAddr;
+
     use super::*;
     use crate::buf::SendBuf;
     use crate::engine::record::Record;
@@ -496,7 +555,11 @@ mod tests {
         }
         let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         sock.connect(sock.local_addr().unwrap()).unwrap();
-        let rec = Record::new(Counted(vec![7; 1000], drops.clone()), None, None);
+        let rec = Record::new(
+            Counted(vec![7; 1000], drops.clone()),
+            None::<SockAddr>,
+            None,
+        );
         let mut op = SendOp::new(rec, None);
         op.set(
             sock.as_raw_fd(),
@@ -526,7 +589,7 @@ mod tests {
             return;
         };
         let mut ring = Ring::new(8, 4).unwrap();
-        let owner = ring.join().unwrap();
+        let owner = ring.join(None).unwrap();
         assert!(ring.push(owner, 5, op).is_ok());
         ring.submit().unwrap();
         let got = reap_all(&mut ring, owner);
@@ -561,20 +624,99 @@ mod tests {
             return;
         };
         let mut ring = Ring::new(8, 4).unwrap();
-        let owner = ring.join().unwrap();
-        let other = ring.join().unwrap();
+        let owner = ring.join(None).unwrap();
+        let other = ring.join(None).unwrap();
         assert!(ring.push(owner, 0, op).is_ok());
         ring.submit().unwrap();
         ring.leave(owner);
         // Another owner reaps the request's CQEs: the request is forgotten, and the id comes free.
         assert!(reap_all(&mut ring, other).is_empty());
         assert_eq!(drops.load(Ordering::SeqCst), 0);
-        assert_eq!(ring.join(), Some(owner));
+        assert_eq!(ring.join(None), Some(owner));
         // A request still in the ring when it is dropped (here never even submitted).
         let (_sock, op) = setup(&drops).unwrap();
         assert!(ring.push(other, 0, op).is_ok());
         drop(ring);
         assert_eq!(drops.load(Ordering::SeqCst), 0);
+    }
+
+    /// A `SENDMSG` (copy) of `byte` on `sock`.
+    fn copy_op(sock: &UdpSocket, byte: u8, drops: &Arc<AtomicUsize>) -> Box<SendOp<Counted>> {
+        let rec = Record::new(
+            Counted(vec![byte; 100], drops.clone()),
+            None::<SockAddr>,
+            None,
+        );
+        let mut op = SendOp::new(rec, None);
+        op.set(sock.as_raw_fd(), SendKind::Copy, libc::MSG_NOSIGNAL);
+        op
+    }
+
+    /// A UDP socket connected to a receiver on 127.0.0.1, and the receiver (non-blocking).
+    fn udp_pair() -> (UdpSocket, UdpSocket) {
+        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        tx.connect(rx.local_addr().unwrap()).unwrap();
+        (tx, rx)
+    }
+
+    /// The first byte of each datagram waiting on `rx`.
+    fn received(rx: &UdpSocket) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 200];
+        while let Ok(n) = rx.recv(&mut buf) {
+            assert_eq!(n, 100);
+            got.push(buf[0]);
+        }
+        got
+    }
+
+    /// An owner's registered file slot is cleared, and its id (and so its slot) given to another
+    /// socket, only once no SQE can name it: an SQE still unsubmitted when its owner leaves goes to
+    /// the owner's socket (not `EBADF`, not the newcomer's socket).
+    #[test]
+    fn a_file_slot_outlives_the_sqes_that_name_it() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let mut ring = Ring::new(8, 8).unwrap();
+        if ring.file_slots == 0 {
+            eprintln!("SKIPPED: no sparse registered file table (5.19)");
+            return;
+        }
+        let (a, a_rx) = udp_pair();
+        let (b, b_rx) = udp_pair();
+        let owner = ring.join(Some(a.as_raw_fd())).unwrap();
+        assert_eq!(
+            ring.owners[usize::from(owner)].as_ref().unwrap().file,
+            Some(0)
+        );
+        assert!(ring.push(owner, 0, copy_op(&a, 0xAA, &drops)).is_ok());
+        // Leaves with its SQE unsubmitted: its slot stays, its id is not free.
+        ring.leave(owner);
+        let other = ring.join(Some(b.as_raw_fd())).unwrap();
+        assert_ne!(other, owner);
+        ring.submit().unwrap();
+        let mut done = Vec::new();
+        for _ in 0..100 {
+            ring.reap_for(other, &mut done);
+            if ring.in_flight() == 0 {
+                break;
+            }
+            crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_millis(50))).unwrap();
+        }
+        assert_eq!(
+            received(&a_rx),
+            vec![0xAA],
+            "the leaver's SQE reached its own socket"
+        );
+        // Its request finished: the slot is cleared and the id free for a newcomer on `b`.
+        let third = ring.join(Some(b.as_raw_fd())).unwrap();
+        assert_eq!(third, owner);
+        assert!(ring.push(third, 0, copy_op(&b, 0xBB, &drops)).is_ok());
+        ring.submit().unwrap();
+        reap_all(&mut ring, third);
+        assert_eq!(received(&b_rx), vec![0xBB]);
+        assert!(received(&a_rx).is_empty());
     }
 
     #[test]
@@ -584,7 +726,7 @@ mod tests {
             return;
         };
         let mut ring = Ring::new(1, 4).unwrap();
-        let owner = ring.join().unwrap();
+        let owner = ring.join(None).unwrap();
         assert!(ring.push_nop().unwrap());
         // The push enters once to make room: inject a failure, then a full SQ.
         crate::sys::uring::inject(crate::sys::uring::Faults {
