@@ -2,24 +2,37 @@
 //!
 //! tokio's `AsyncWrite` borrows the bytes only for the call, so a zero-copy write through it must
 //! copy. [`AsyncSender`] takes owned buffers instead, in two stages: [`send`](AsyncSender::send)
-//! resolves when the buffer is queued in the kernel (waiting while the socket or the zero-copy
-//! budget is full), and the buffer comes back later, when the kernel let go of it, through
+//! resolves when the sender accepted the buffer (waiting while the socket or the zero-copy budget
+//! is full), and the buffer comes back later, when the kernel let go of it, from
 //! [`released`](AsyncSender::released) (or [`drain_released`](AsyncSender::drain_released)),
 //! with its [`Report`](crate::Report).
 //!
+//! Releases come as one ordered stream per sender rather than one future per buffer: the kernel
+//! completes zero-copy sends in coalesced ranges (one error-queue message can release hundreds of
+//! buffers), a server usually only recycles or counts what comes back, and a future per buffer
+//! would cost a channel allocation per send. The buffer's identity travels with it, so a caller
+//! that wants per-buffer completion matches on the buffer it gets back.
+//!
+//! ## A driver task, so progress never waits for the owner
+//! Each sender spawns one small task on the current runtime that waits on the sender's readiness
+//! and makes progress: it pushes bytes the engine still queues (the rest of a short write, the
+//! io_uring engines' queued buffers) and reads completions, while the sender's owner awaits
+//! something else entirely (reading the next request, say). The owner and the task share the
+//! [`Sender`] under a lock held only for non-blocking calls, never across an await.
+//!
 //! ## Readiness, without busy polling
-//! The sender waits through tokio's reactor on a duplicate of the descriptor
+//! The driver waits through tokio's reactor on a duplicate of the descriptor
 //! [`Sender::readiness`] names (a duplicate, because the same descriptor cannot be registered
 //! twice, and one ring serves many senders):
 //! - `msg-zc` (and `copy`): the socket, for `Interest::ERROR` (completions on the error queue make
 //!   the socket report `EPOLLERR`; tokio 1.32) and `Interest::WRITABLE` only while a send waits
-//!   for room. Waiting for completions does not wake on mere writability.
+//!   for room, so that waiting for completions does not wake on a writable socket.
 //! - `uring`, `uring-zc`: the io_uring's fd, readable when completions are posted. Senders on a
 //!   shared ring also look again every [`Sender::wait_slice`] (another sender may have reaped
-//!   their completions for them), with `tokio::time::sleep`-style timeouts, never spinning.
+//!   their completions for them), with tokio's timer, never spinning.
 //!
-//! Readiness is edge-triggered: it is cleared only after a reap and a retry made no progress,
-//! with tokio's readiness tick, so a completion that lands in between is not lost.
+//! Readiness is edge-triggered: the driver clears it only after a reap brought nothing, with
+//! tokio's readiness tick, so a completion that lands in between is not lost.
 //!
 //! ## Runtimes and rings
 //! Works on the current-thread and the multi-thread runtime. For the io_uring engines,
@@ -31,12 +44,11 @@
 //!
 //! ## Never blocking an executor thread
 //! [`flush`](AsyncSender::flush) and [`close`](AsyncSender::close) are async with a deadline.
-//! Dropping an `AsyncSender` that still has buffers in the kernel does not wait in `Drop`: the
-//! sender is moved into a task spawned on the current runtime, which closes it with a deadline of
-//! [`DROP_DEADLINE`] (buffers still held then are kept, counted in
-//! [`leaked_buffers`](crate::leaked_buffers), never freed). Only when there is no runtime to spawn
-//! on (dropped outside one, or while the runtime shuts down) does the blocking [`Sender`]'s own
-//! drop run, which waits up to 1 s.
+//! Dropping an `AsyncSender` that still has buffers in the kernel does not wait in `Drop`: its
+//! driver task goes on collecting completions for up to [`DROP_DEADLINE`], then closes the
+//! sender; buffers still held then are kept (counted in [`leaked_buffers`](crate::leaked_buffers)),
+//! never freed. Only when the runtime shuts down before that (dropping the task) does the
+//! blocking [`Sender`]'s own drop run, which waits up to 1 s on the thread dropping it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,8 +59,8 @@
 //!
 //! let object = Bytes::from(vec![7u8; 1 << 20]); // shared: each send is a clone, not a copy
 //! let stream = tokio::net::TcpStream::connect("127.0.0.1:9000").await?;
-//! let mut tx = AsyncSender::from_tcp(stream, EngineKind::MsgZerocopy)?;
-//! tx.send(object.clone()).await?;           // queued; waits while the socket is full
+//! let tx = AsyncSender::from_tcp(stream, EngineKind::MsgZerocopy)?;
+//! tx.send(object.clone()).await?;           // accepted; waits while the socket is full
 //! while let Some(done) = tx.released().await? {
 //!     println!("{} bytes, zero-copy: {}", done.report.bytes, done.report.path.is_zerocopy());
 //! }
@@ -58,17 +70,19 @@
 //! ```
 #![allow(unsafe_code)]
 
+mod driver;
 mod ring;
 
 pub use ring::thread_ring;
 
-use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
+use ::tokio::task::JoinHandle;
 use ::tokio::time::Instant;
 
 use crate::addr::Destination;
@@ -77,154 +91,42 @@ use crate::engine::EngineKind;
 use crate::error::{Error, SendError};
 use crate::report::{Released, Stats};
 use crate::sender::{Closed, Sender, SenderConfig};
+use crate::socket::SockKind;
 
-/// How long the task that closes a dropped [`AsyncSender`] waits for the kernel to release its
-/// buffers before keeping (leaking) them.
+use driver::{Leave, Shared};
+
+/// How long the driver of a dropped [`AsyncSender`] goes on collecting completions before it
+/// closes the sender and keeps (leaks) what the kernel still holds.
 pub const DROP_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A [`Sender`] driven by tokio's reactor: async sends with backpressure, released buffers
 /// back asynchronously, async flush and close. See the [module docs](self).
 ///
-/// Every method takes `&mut self`: one task drives a sender. Releases are collected whenever the
-/// sender makes progress (also during `send`) and wait, in order, for
-/// [`released`](Self::released) or [`drain_released`](Self::drain_released); take them
+/// Methods take `&self`: one task may send while another takes releases. Sends from several
+/// tasks at once are each accepted whole, in the order the sender accepts them (on a stream
+/// socket, send from one task to keep the order yours). Released buffers wait, in order, for
+/// [`released`](Self::released) or [`drain_released`](Self::drain_released): take them
 /// regularly, or they accumulate (each holds its buffer).
 pub struct AsyncSender<B: SendBuf> {
-    core: Option<Core<B>>,
-}
-
-/// The parts, apart from the drop policy (the task that closes a dropped sender holds these).
-struct Core<B: SendBuf> {
-    /// Declared first: deregistered and closed before the sender closes the socket.
-    io: AsyncFd<OwnedFd>,
-    tx: Sender<B>,
-    ring: bool,
-    released: VecDeque<Released<B>>,
-    scratch: Vec<Released<B>>,
+    shared: Arc<Shared<B>>,
+    driver: Option<JoinHandle<()>>,
+    kind: EngineKind,
 }
 
 impl<B: SendBuf> std::fmt::Debug for AsyncSender<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut d = f.debug_struct("AsyncSender");
-        if let Some(c) = &self.core {
-            d.field("sender", &c.tx)
-                .field("released", &c.released.len());
-        }
-        d.finish()
-    }
-}
-
-/// What to wait for next: tokio interest, or `None` to look again at once (after a yield).
-fn interest<B: SendBuf>(tx: &mut Sender<B>, ring: bool) -> Option<Interest> {
-    let r = tx.readiness();
-    let room = r.events & libc::POLLOUT != 0;
-    match (ring, room) {
-        // A ring asks for POLLOUT only when something could not be submitted: try again now.
-        (true, true) => None,
-        (true, false) => Some(Interest::READABLE),
-        (false, true) => Some(Interest::WRITABLE | Interest::ERROR),
-        (false, false) => Some(Interest::ERROR),
-    }
-}
-
-/// Waits for `interest` on `io`, at most `slice` and never past `deadline`. `Ok(None)`: the
-/// slice or the deadline ended the wait, or there was nothing to wait for.
-async fn ready<'a>(
-    io: &'a AsyncFd<OwnedFd>,
-    interest: Option<Interest>,
-    slice: Option<Duration>,
-    deadline: Option<Instant>,
-) -> io::Result<Option<AsyncFdReadyGuard<'a, OwnedFd>>> {
-    let Some(interest) = interest else {
-        ::tokio::task::yield_now().await;
-        return Ok(None);
-    };
-    let until = match (slice.map(|s| Instant::now() + s), deadline) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    match until {
-        Some(t) if t <= Instant::now() => {
-            ::tokio::task::yield_now().await;
-            Ok(None)
-        }
-        Some(t) => match ::tokio::time::timeout_at(t, io.ready(interest)).await {
-            Ok(guard) => guard.map(Some),
-            Err(_) => Ok(None),
-        },
-        None => io.ready(interest).await.map(Some),
-    }
-}
-
-impl<B: SendBuf> Core<B> {
-    /// Reaps into the queue of released buffers; returns how many came.
-    fn reap(&mut self) -> io::Result<usize> {
-        let n = self.tx.reap(&mut self.scratch)?;
-        self.released.extend(self.scratch.drain(..));
-        Ok(n)
-    }
-
-    /// One wait: for readiness (bounded by `deadline`), then a reap. Readiness is cleared only
-    /// when the reap brought nothing and `still_blocked` (a retried send, run after the reap)
-    /// says nothing else moved either.
-    async fn wait_once(
-        &mut self,
-        deadline: Option<Instant>,
-        mut still_blocked: impl FnMut(&mut Sender<B>) -> bool,
-    ) -> io::Result<usize> {
-        let interest = interest(&mut self.tx, self.ring);
-        let slice = self.tx.wait_slice();
-        let guard = ready(&self.io, interest, slice, deadline).await?;
-        let n = self.tx.reap(&mut self.scratch)?;
-        self.released.extend(self.scratch.drain(..));
-        if n == 0 && still_blocked(&mut self.tx) {
-            if let Some(mut g) = guard {
-                g.clear_ready();
-            }
-        }
-        Ok(n)
-    }
-
-    async fn flush(&mut self, deadline: Instant) -> Result<(), Error> {
-        let io = |source| Error::Io {
-            context: "waiting for completions",
-            source,
-        };
-        loop {
-            self.reap().map_err(io)?;
-            if self.tx.in_flight() == 0 {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::TimedOut {
-                    outstanding: self.tx.in_flight(),
-                });
-            }
-            self.wait_once(Some(deadline), |_| true).await.map_err(io)?;
-        }
-    }
-
-    async fn close(mut self, timeout: Duration) -> Closed<B> {
-        let _ = self.flush(Instant::now() + timeout).await;
-        let Core {
-            io,
-            tx,
-            mut released,
-            ..
-        } = self;
-        // Deregister and close the duplicate first; the socket itself goes back in `Closed`.
-        drop(io);
-        // Nothing can be waited for any more: whatever the kernel still holds is kept.
-        let mut closed = tx.close(Duration::ZERO);
-        released.extend(closed.released.drain(..));
-        closed.released = released.into();
-        closed
+        let st = self.shared.lock();
+        f.debug_struct("AsyncSender")
+            .field("sender", &st.tx)
+            .field("released", &st.released.len())
+            .finish()
     }
 }
 
 impl<B: SendBuf> AsyncSender<B> {
-    /// Makes a sender over a socket the caller owns (see [`Sender::new`]) and registers its
-    /// readiness with the current tokio runtime. Fails with [`Error::Config`] outside a runtime.
+    /// Makes a sender over a socket the caller owns (see [`Sender::new`]), registers its
+    /// readiness with the current tokio runtime and spawns its driver task. Fails with
+    /// [`Error::Config`] outside a runtime.
     pub fn new(fd: impl Into<OwnedFd>, kind: EngineKind) -> Result<Self, Error> {
         Self::from_sender(Sender::new(fd, kind)?)
     }
@@ -234,8 +136,9 @@ impl<B: SendBuf> AsyncSender<B> {
         Self::from_sender(Sender::with_config(fd, cfg)?)
     }
 
-    /// A sender over a connected tokio `TcpStream` (taken out of tokio's reactor with
-    /// `into_std`; read from a duplicate made beforehand if the connection also receives).
+    /// A sender over a connected tokio `TcpStream`, taken out of tokio's reactor (`into_std`).
+    /// A connection that also receives reads from a duplicate made beforehand
+    /// (`std::net::TcpStream::try_clone`, then `TcpStream::from_std`).
     pub fn from_tcp(stream: ::tokio::net::TcpStream, kind: EngineKind) -> Result<Self, Error> {
         let std = stream.into_std().map_err(|source| Error::Io {
             context: "deregistering the TcpStream from tokio",
@@ -254,15 +157,17 @@ impl<B: SendBuf> AsyncSender<B> {
     }
 
     /// Wraps a blocking [`Sender`]: registers a duplicate of the descriptor its
-    /// [`readiness`](Sender::readiness) names (`dup(2)`, `epoll_ctl` through tokio).
+    /// [`readiness`](Sender::readiness) names (`dup(2)`, `epoll_ctl` through tokio) and spawns
+    /// the driver task on the current runtime.
     pub fn from_sender(mut tx: Sender<B>) -> Result<Self, Error> {
-        if ::tokio::runtime::Handle::try_current().is_err() {
+        let Ok(rt) = ::tokio::runtime::Handle::try_current() else {
             return Err(Error::Config {
                 problem: "an AsyncSender made outside a tokio runtime".into(),
                 fix: "make it from a task, or inside Runtime::enter".into(),
             });
-        }
-        let ring = matches!(tx.engine(), EngineKind::Uring | EngineKind::UringZc);
+        };
+        let kind = tx.engine();
+        let ring = matches!(kind, EngineKind::Uring | EngineKind::UringZc);
         let fd = tx.readiness().fd;
         // SAFETY: `fd` is the socket or the ring `tx` holds open, and `tx` lives across this
         // borrow; the duplicate made from it is independent of `tx` afterwards.
@@ -284,172 +189,204 @@ impl<B: SendBuf> AsyncSender<B> {
                 context: "registering the readiness descriptor with tokio (epoll_ctl)",
                 source: e.into(),
             })?;
+        let shared = Shared::new(tx);
+        let driver = rt.spawn(driver::drive(shared.clone(), io, ring));
         Ok(Self {
-            core: Some(Core {
-                io,
-                tx,
-                ring,
-                released: VecDeque::new(),
-                scratch: Vec::new(),
-            }),
+            shared,
+            driver: Some(driver),
+            kind,
         })
-    }
-
-    fn core(&mut self) -> &mut Core<B> {
-        self.core.as_mut().expect("present until close")
-    }
-
-    /// The blocking sender inside, for what this type does not wrap ([`Sender::stats`],
-    /// [`Sender::socket_kind`], [`Sender::register_pool`]...). Do not call its blocking methods
-    /// from a task.
-    pub fn sender(&mut self) -> &mut Sender<B> {
-        &mut self.core().tx
     }
 
     /// The engine in use.
     pub fn engine(&self) -> EngineKind {
-        self.core.as_ref().expect("present until close").tx.engine()
+        self.kind
+    }
+
+    /// What the socket is.
+    pub fn socket_kind(&self) -> SockKind {
+        self.shared.lock().tx().socket_kind()
     }
 
     /// Counters ([`Sender::stats`]).
     pub fn stats(&self) -> Stats {
-        self.core.as_ref().expect("present until close").tx.stats()
+        self.shared.lock().tx().stats()
     }
 
-    /// Sends `buf` on the connected socket: resolves once the kernel (or the engine's queue) took
-    /// it, waiting without blocking the thread while the socket or the zero-copy budget is full.
-    /// The buffer comes back later from [`released`](Self::released). An error hands it back.
+    /// Sends `buf` on the connected socket: resolves once the sender accepted it, waiting without
+    /// blocking the thread while the socket or the zero-copy budget is full. The buffer comes
+    /// back later from [`released`](Self::released). An error hands it back.
     ///
-    /// Cancel-safe in the sense that matters: dropping the future before it resolves drops the
-    /// buffer only if it was not accepted (an accepted buffer stays with the sender).
-    pub async fn send(&mut self, buf: B) -> Result<(), SendError<B>> {
+    /// Cancel-safe: a future dropped before it resolved drops the buffer only if it was not
+    /// accepted (an accepted buffer stays with the sender until the kernel released it).
+    pub async fn send(&self, buf: B) -> Result<(), SendError<B>> {
         self.send_inner(buf, None).await
     }
 
     /// As [`send`](Self::send), to `dest` (datagram sockets).
-    pub async fn send_to(
-        &mut self,
-        buf: B,
-        dest: impl Into<Destination>,
-    ) -> Result<(), SendError<B>> {
+    pub async fn send_to(&self, buf: B, dest: impl Into<Destination>) -> Result<(), SendError<B>> {
         self.send_inner(buf, Some(dest.into())).await
     }
 
-    async fn send_inner(&mut self, buf: B, dest: Option<Destination>) -> Result<(), SendError<B>> {
-        let core = self.core();
-        let attempt = |tx: &mut Sender<B>, buf: B| match dest {
-            None => tx.try_send(buf),
-            Some(d) => tx.try_send_to(buf, d),
-        };
-        let mut held = match attempt(&mut core.tx, buf) {
-            Err(SendError::WouldBlock(b)) => b,
-            other => return other,
-        };
+    async fn send_inner(&self, mut buf: B, dest: Option<Destination>) -> Result<(), SendError<B>> {
         loop {
-            // The retry runs after the reap inside the wait, so readiness is cleared only when
-            // neither made progress; the outcome leaves through `outcome`.
-            let mut slot = Some(held);
-            let mut outcome = None;
-            let waited = core
-                .wait_once(None, |tx| {
-                    let buf = slot.take().expect("one retry per wait");
-                    match attempt(tx, buf) {
-                        Err(SendError::WouldBlock(b)) => {
-                            slot = Some(b);
-                            true
+            let notified = self.shared.owner.notified();
+            ::tokio::pin!(notified);
+            // Registered before the attempt, so a wake-up between the attempt and the await is
+            // not lost.
+            notified.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                let tx = st.tx();
+                let res = match dest {
+                    None => tx.try_send(buf),
+                    Some(d) => tx.try_send_to(buf, d),
+                };
+                match res {
+                    Err(SendError::WouldBlock(b)) => buf = b,
+                    other => {
+                        // The driver sleeps when nothing is held; a ring also wants its fresh
+                        // request entered soon.
+                        if other.is_ok() && (st.idle || self.kind != EngineKind::MsgZerocopy) {
+                            st.idle = false;
+                            self.shared.driver.notify_one();
                         }
-                        other => {
-                            outcome = Some(other);
-                            false
-                        }
+                        return other;
                     }
-                })
-                .await;
-            if let Some(outcome) = outcome {
-                return outcome;
+                }
+                if let Some(error) = st.error.take() {
+                    return Err(SendError::Io { buf, error });
+                }
             }
-            let buf = slot.take().expect("handed back");
-            if let Err(error) = waited {
-                return Err(SendError::Io { buf, error });
-            }
-            held = buf;
+            // Handed back: the driver must now wait for what this send needs.
+            self.shared.lock().blocked += 1;
+            self.shared.driver.notify_one();
+            let _unblock = Unblock(&self.shared);
+            notified.await;
         }
     }
 
     /// The next released buffer, in the order they came: waits (without blocking the thread)
-    /// while the kernel holds buffers and none is released; `Ok(None)` once nothing is held
-    /// and every released buffer was taken.
-    pub async fn released(&mut self) -> io::Result<Option<Released<B>>> {
-        let core = self.core();
+    /// while the kernel holds buffers and none was released; `Ok(None)` once nothing is held and
+    /// every released buffer was taken.
+    pub async fn released(&self) -> io::Result<Option<Released<B>>> {
         loop {
-            if let Some(r) = core.released.pop_front() {
-                return Ok(Some(r));
+            let notified = self.shared.owner.notified();
+            ::tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                if let Some(r) = st.released.pop_front() {
+                    return Ok(Some(r));
+                }
+                if let Some(e) = st.error.take() {
+                    return Err(e);
+                }
+                if st.reap() > 0 {
+                    continue;
+                }
+                if st.tx().in_flight() == 0 {
+                    return Ok(None);
+                }
             }
-            if core.reap()? > 0 {
-                continue;
-            }
-            if core.tx.in_flight() == 0 {
-                return Ok(None);
-            }
-            core.wait_once(None, |_| true).await?;
+            notified.await;
         }
     }
 
     /// Without waiting: collects what the kernel released and moves every released buffer into
     /// `out`. Returns how many it moved.
-    pub fn drain_released(&mut self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
-        let core = self.core();
-        core.reap()?;
-        let n = core.released.len();
-        out.extend(core.released.drain(..));
+    pub fn drain_released(&self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
+        let mut st = self.shared.lock();
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        st.reap();
+        let n = st.released.len();
+        out.extend(st.released.drain(..));
         Ok(n)
     }
 
     /// Buffers accepted and not yet taken back (in the kernel, or released and waiting here).
     pub fn outstanding(&self) -> usize {
-        let c = self.core.as_ref().expect("present until close");
-        c.tx.outstanding() + c.released.len()
+        let mut st = self.shared.lock();
+        st.tx().outstanding() + st.released.len()
     }
 
     /// Buffers the kernel (or the engine's queue) still holds.
     pub fn in_flight(&self) -> usize {
-        self.core
-            .as_ref()
-            .expect("present until close")
-            .tx
-            .in_flight()
+        self.shared.lock().tx().in_flight()
     }
 
     /// Waits until the kernel released every buffer, up to `timeout` ([`Error::TimedOut`] names
     /// how many are still held). Released buffers wait for [`released`](Self::released).
-    pub async fn flush(&mut self, timeout: Duration) -> Result<(), Error> {
-        self.core().flush(Instant::now() + timeout).await
+    pub async fn flush(&self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.shared.owner.notified();
+            ::tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                st.reap();
+                if let Some(source) = st.error.take() {
+                    return Err(Error::Io {
+                        context: "waiting for completions",
+                        source,
+                    });
+                }
+                let held = st.tx().in_flight();
+                if held == 0 {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::TimedOut { outstanding: held });
+                }
+            }
+            let _ = ::tokio::time::timeout_at(deadline, notified).await;
+        }
     }
 
     /// Flushes for up to `timeout`, then gives up the socket (see [`Sender::close`]): buffers the
     /// kernel still holds at the deadline are kept (leaked on purpose, counted in
     /// [`Closed::kept`]), never handed back early; every other buffer, including released ones
-    /// not yet taken, comes back in [`Closed::released`].
+    /// not yet taken, comes back in [`Closed::released`]. The driver task has ended, and the
+    /// duplicate descriptor it waited on is closed, when this returns.
     pub async fn close(mut self, timeout: Duration) -> Closed<B> {
-        let core = self.core.take().expect("present until close");
-        core.close(timeout).await
+        let _ = self.flush(timeout).await;
+        self.shared.lock().leaving = Some(Leave::Now);
+        self.shared.driver.notify_one();
+        if let Some(driver) = self.driver.take() {
+            let _ = driver.await;
+        }
+        let mut st = self.shared.lock();
+        let tx = st.tx.take().expect("present until close");
+        let mut released: Vec<_> = st.released.drain(..).collect();
+        drop(st);
+        // Nothing can be waited for any more: whatever the kernel still holds is kept.
+        let mut closed = tx.close(Duration::ZERO);
+        released.append(&mut closed.released);
+        closed.released = released;
+        closed
+    }
+}
+
+/// Counts a handed-back send as waiting until it retries (or its future is dropped).
+struct Unblock<'a, B: SendBuf>(&'a Shared<B>);
+
+impl<B: SendBuf> Drop for Unblock<'_, B> {
+    fn drop(&mut self) {
+        self.0.lock().blocked -= 1;
     }
 }
 
 impl<B: SendBuf> Drop for AsyncSender<B> {
     fn drop(&mut self) {
-        let Some(core) = self.core.take() else {
-            return;
-        };
-        if core.tx.in_flight() == 0 {
-            return;
+        if self.driver.is_none() {
+            return; // closed
         }
-        // Not here: this may be an executor thread. The task owns a `Core`, which has no drop
-        // policy of its own: if the runtime drops the task unrun, the blocking sender's drop runs.
-        if let Ok(rt) = ::tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = core.close(DROP_DEADLINE).await;
-            });
-        }
+        // Not here: this may be an executor thread. The driver collects what is still held up to
+        // the deadline, then closes the sender, and ends.
+        self.shared.lock().leaving = Some(Leave::Drain(Instant::now() + DROP_DEADLINE));
+        self.shared.driver.notify_one();
     }
 }
