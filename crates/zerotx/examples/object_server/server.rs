@@ -58,8 +58,8 @@ pub struct Config {
     pub write_timeout: Duration,
     /// An idle keep-alive connection is closed after this long.
     pub idle_timeout: Duration,
-    /// How long closing waits for the kernel to release a connection's buffers before aborting
-    /// the connection (RST), which makes the kernel let go of them.
+    /// Closing waits for the kernel to release a connection's buffers while it releases one at
+    /// least this often; past that the connection is reset (RST), which makes the kernel let go.
     pub close_timeout: Duration,
     /// Runtime worker threads (0: one current-thread runtime).
     pub threads: usize,
@@ -434,7 +434,19 @@ async fn zerotx_requests(
 ) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut done = Vec::new();
-    while let Some(req) = read_request(rd, &mut buf, cfg.idle_timeout).await? {
+    loop {
+        // The previous body may still be queued (an io_uring engine accepts a whole body at
+        // once): a peer that stopped reading it is timed out here too, not only in `send`.
+        let req = tokio::select! {
+            r = read_request(rd, &mut buf, cfg.idle_timeout) => r?,
+            () = stalled(tx, cfg.write_timeout) => {
+                stats.write_timeouts.fetch_add(1, Relaxed);
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+        };
+        let Some(req) = req else {
+            break;
+        };
         let a = answer(req, cfg, object, stats);
         // The head goes by copy when nothing of ours is queued or in flight (a plain write then
         // lands after every byte sent before); otherwise it must queue behind the previous body
@@ -463,6 +475,20 @@ async fn zerotx_requests(
         }
     }
     Ok(())
+}
+
+/// Resolves when buffers are held and none was released for `timeout`; never once nothing is
+/// held (nothing is sent while the caller waits for the next request).
+async fn stalled(tx: &AsyncSender<Bytes>, timeout: Duration) {
+    loop {
+        let before = tx.in_flight();
+        if before == 0 {
+            return std::future::pending().await;
+        }
+        if tx.flush(timeout).await.is_err() && tx.in_flight() >= before {
+            return;
+        }
+    }
 }
 
 /// One buffer into the sender, within the write timeout.
@@ -515,12 +541,21 @@ fn count(released: impl Iterator<Item = zerotx::Released<Bytes>>, stats: &Stats)
 }
 
 /// Ends a connection without keeping buffers: waits for the kernel to release them (the peer
-/// reading and acknowledging), and if it does not in time, resets the connection, which makes
-/// the kernel drop what it still queued and release it.
+/// reading and acknowledging) for as long as it releases at least one every `close_timeout`;
+/// a peer that stops reading gets its connection reset, which makes the kernel drop what it
+/// still queued and release it.
 async fn finish(tx: AsyncSender<Bytes>, rd: &TcpStream, cfg: &Config, stats: &Stats) {
-    if tx.flush(cfg.close_timeout).await.is_err() {
-        stats.aborted.fetch_add(1, Relaxed);
-        abort(rd);
+    loop {
+        let before = tx.in_flight();
+        match tx.flush(cfg.close_timeout).await {
+            Ok(()) => break,
+            Err(_) if tx.in_flight() < before => continue, // still reading: wait on
+            Err(_) => {
+                stats.aborted.fetch_add(1, Relaxed);
+                abort(rd);
+                break;
+            }
+        }
     }
     let closed = tx.close(cfg.close_timeout).await;
     count(closed.released.into_iter(), stats);
