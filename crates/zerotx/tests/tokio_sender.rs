@@ -446,3 +446,79 @@ fn send_and_release_from_two_tasks() {
         assert_eq!(reader.join().unwrap().bytes, (N * (16 << 10)) as u64);
     }
 }
+
+/// Waiting costs no CPU: sends blocked on a peer that reads a trickle (so completions and room
+/// come now and then, and readiness must be cleared after each), and a wait for releases, each for
+/// 500 ms on a current-thread runtime (the driver runs on this thread, so a readiness that is
+/// never cleared shows as CPU time here).
+#[test]
+fn waiting_does_not_spin() {
+    const IDLE: Duration = Duration::from_millis(500);
+    for kind in [
+        EngineKind::Copy,
+        EngineKind::MsgZerocopy,
+        EngineKind::Uring,
+        EngineKind::UringZc,
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        socket2::SockRef::from(&server)
+            .set_recv_buffer_size(32 << 10)
+            .unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let trickle = {
+            let (mut server, stop) = (server.try_clone().unwrap(), stop.clone());
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = [0u8; 4096];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if matches!(server.read(&mut buf), Ok(0) | Err(_)) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let object: Arc<[u8]> = vec![4u8; 256 << 10].into();
+        current_thread().block_on(async {
+            let tx = AsyncSender::new(client, kind).expect("sender");
+            while let Ok(Ok(())) =
+                tokio::time::timeout(Duration::from_millis(200), tx.send(object.clone())).await
+            {
+            }
+            let cpu = zerotx_testbed::thread_cpu_time();
+            let _ = tokio::time::timeout(IDLE, async {
+                loop {
+                    tx.send(object.clone()).await.expect("send");
+                }
+            })
+            .await;
+            let spent = zerotx_testbed::thread_cpu_time() - cpu;
+            assert!(
+                spent < IDLE / 5,
+                "{kind}: blocked sends spun: {spent:?} CPU"
+            );
+            let cpu = zerotx_testbed::thread_cpu_time();
+            let _ = tokio::time::timeout(IDLE, async {
+                while let Some(r) = tx.released().await.unwrap() {
+                    drop(r);
+                }
+            })
+            .await;
+            let spent = zerotx_testbed::thread_cpu_time() - cpu;
+            assert!(
+                spent < IDLE / 5,
+                "{kind}: waiting for releases spun: {spent:?} CPU"
+            );
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            socket2::SockRef::from(&server)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            drop(server);
+            assert_eq!(tx.close(Duration::from_secs(10)).await.kept, 0, "{kind}");
+        });
+        trickle.join().unwrap();
+        assert_eq!(Arc::strong_count(&object), 1, "{kind}");
+    }
+}
