@@ -522,3 +522,45 @@ fn waiting_does_not_spin() {
         assert_eq!(Arc::strong_count(&object), 1, "{kind}");
     }
 }
+
+/// Two senders on one ring: one stalled (a peer that reads nothing), one streaming. Every
+/// completion of the streaming one wakes the stalled one's driver too (both wait on the ring's
+/// fd) with nothing for it: its readiness must be cleared, or it spins for ever once woken.
+#[test]
+fn a_stalled_sender_on_a_busy_ring_does_not_spin() {
+    let rt = current_thread();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let stalled = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    socket2::SockRef::from(&server)
+        .set_recv_buffer_size(32 << 10)
+        .unwrap();
+    let (busy, reader) = tcp_pair(false, Peer::default());
+    rt.block_on(async {
+        let ring = thread_ring().unwrap();
+        let a = AsyncSender::with_config(stalled, SenderConfig::shared(EngineKind::UringZc, &ring))
+            .unwrap();
+        let b = AsyncSender::with_config(busy, SenderConfig::shared(EngineKind::UringZc, &ring))
+            .unwrap();
+        let object: Arc<[u8]> = vec![5u8; 256 << 10].into();
+        for _ in 0..32 {
+            a.send(object.clone()).await.unwrap();
+        }
+        pattern_stream(&b, 32 << 20, 64 << 10, 8).await;
+        assert_eq!(b.close(Duration::from_secs(5)).await.kept, 0);
+        assert!(a.in_flight() > 0, "the stalled sender holds nothing");
+        let cpu = zerotx_testbed::thread_cpu_time();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let spent = zerotx_testbed::thread_cpu_time() - cpu;
+        assert!(
+            spent < Duration::from_millis(60),
+            "the stalled sender's driver spun: {spent:?} CPU in 300 ms"
+        );
+        socket2::SockRef::from(&server)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(server);
+        assert_eq!(a.close(Duration::from_secs(10)).await.kept, 0);
+    });
+    assert_eq!(reader.join().unwrap().bytes, 32 << 20);
+}
