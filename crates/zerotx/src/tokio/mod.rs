@@ -111,6 +111,8 @@ pub struct AsyncSender<B: SendBuf> {
     shared: Arc<Shared<B>>,
     driver: Option<JoinHandle<()>>,
     kind: EngineKind,
+    /// Waits on an io_uring rather than the socket.
+    ring: bool,
 }
 
 impl<B: SendBuf> std::fmt::Debug for AsyncSender<B> {
@@ -167,7 +169,6 @@ impl<B: SendBuf> AsyncSender<B> {
             });
         };
         let kind = tx.engine();
-        let ring = matches!(kind, EngineKind::Uring | EngineKind::UringZc);
         let fd = tx.readiness().fd;
         // SAFETY: `fd` is the socket or the ring `tx` holds open, and `tx` lives across this
         // borrow; the duplicate made from it is independent of `tx` afterwards.
@@ -177,6 +178,9 @@ impl<B: SendBuf> AsyncSender<B> {
                 context: "fcntl(F_DUPFD_CLOEXEC) of the readiness descriptor",
                 source,
             })?;
+        // A socket (msg-zc, copy) or an io_uring (uring, uring-zc): asked of the descriptor, not
+        // the engine's name, so an engine chosen at run time is waited on the right way.
+        let ring = socket2::SockRef::from(&dup).r#type().is_err();
         let interest = if ring {
             Interest::READABLE
         } else {
@@ -195,6 +199,7 @@ impl<B: SendBuf> AsyncSender<B> {
             shared,
             driver: Some(driver),
             kind,
+            ring,
         })
     }
 
@@ -247,7 +252,7 @@ impl<B: SendBuf> AsyncSender<B> {
                     other => {
                         // The driver sleeps when nothing is held; a ring also wants its fresh
                         // request entered soon.
-                        if other.is_ok() && (st.idle || self.kind != EngineKind::MsgZerocopy) {
+                        if other.is_ok() && (st.idle || self.ring) {
                             st.idle = false;
                             self.shared.driver.notify_one();
                         }
