@@ -16,7 +16,9 @@
 //! Flags: `--listen ADDR`, `--engine copy|msg-zc|uring|uring-zc` (default `msg-zc`), `--threads N`
 //! (runtime workers; 0 = current-thread), `--max-size SIZE` (64M), `--chunk SIZE` (256K),
 //! `--write-timeout-ms MS`. Bench: `--bench`, `--engines LIST`, `--clients N`, `--seconds S`,
-//! `--size SIZE`, `--repeat R`.
+//! `--size SIZE`, `--repeat R`. `--bench-black-hole` (root): HTTP cannot reach the black hole (it
+//! drops every packet, so no TCP handshake completes), so this measures the same async send path
+//! with UDP datagrams into it instead: tokio's `UdpSocket::send` against `AsyncSender`.
 
 #[path = "object_server/server.rs"]
 mod server;
@@ -41,6 +43,7 @@ struct Args {
     listen: Option<SocketAddr>,
     cfg: Config,
     bench: bool,
+    black_hole: bool,
     engines: Vec<String>,
     clients: usize,
     seconds: f64,
@@ -53,6 +56,7 @@ fn parse_args() -> Result<Args, String> {
         listen: None,
         cfg: Config::new(Mode::parse(server::DEFAULT_ENGINE)?),
         bench: false,
+        black_hole: false,
         engines: vec!["copy".into(), "msg-zc".into(), "uring-zc".into()],
         clients: 8,
         seconds: 3.0,
@@ -63,6 +67,10 @@ fn parse_args() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         if flag == "--bench" {
             a.bench = true;
+            continue;
+        }
+        if flag == "--bench-black-hole" {
+            a.black_hole = true;
             continue;
         }
         let v = it.next().ok_or(format!("{flag} needs a value"))?;
@@ -88,6 +96,9 @@ fn parse_args() -> Result<Args, String> {
 
 fn run() -> Result<(), String> {
     let a = parse_args()?;
+    if a.black_hole {
+        return bench_black_hole(&a);
+    }
     if a.bench {
         return bench(&a);
     }
@@ -227,4 +238,139 @@ fn bench(a: &Args) -> Result<(), String> {
         println!("{name:<18} {mbs:>10.0} {cpu:>14.3} {r1:>12} {r2:>12}");
     }
     Ok(())
+}
+
+/// The async send path where zero-copy pays: UDP into the black hole (a veth whose peer is down,
+/// in a private network namespace; MTU 65535), datagrams of `--size` bytes (at most 65507) cut
+/// from a 32 MiB object in turn, one current-thread runtime, `--seconds` per cell, interleaved
+/// `--repeat` times. CPU is the runtime thread's (the driver task runs on it).
+fn bench_black_hole(a: &Args) -> Result<(), String> {
+    let size = a.size.min(65507);
+    let engines: Vec<Mode> = a
+        .engines
+        .iter()
+        .map(|e| Mode::parse(e))
+        .collect::<Result<_, _>>()?;
+    let rows = zerotx_testbed::in_new_netns(|| -> Result<Vec<(f64, f64, f64)>, String> {
+        let bh = zerotx_testbed::black_hole(65535).map_err(|e| e.to_string())?;
+        let object = server::make_object(32 << 20);
+        let rt = server::runtime(0).map_err(|e| e.to_string())?;
+        let mut cells: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); engines.len()];
+        for _ in 0..a.repeat {
+            for (i, &mode) in engines.iter().enumerate() {
+                let cell = rt.block_on(udp_cell(mode, bh.v4, &object, size, a.seconds))?;
+                cells[i].push(cell);
+            }
+        }
+        Ok(cells
+            .into_iter()
+            .map(|c| {
+                let med = |f: fn(&(f64, f64, f64)) -> f64| {
+                    let mut v: Vec<f64> = c.iter().map(f).collect();
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                (med(|x| x.0), med(|x| x.1), med(|x| x.2))
+            })
+            .collect())
+    })
+    .map_err(|e| format!("the black hole needs root: {e}"))??;
+    println!(
+        "black hole: UDP datagrams of {size} bytes, {} s per cell, {} repetition(s), one \
+         current-thread runtime",
+        a.seconds, a.repeat
+    );
+    println!(
+        "{:<18} {:>10} {:>10} {:>12} {:>12} {:>10}",
+        "engine", "MB/s", "CPU-s/GB", "MB/s ratio", "CPU/GB ratio", "zero-copy"
+    );
+    let base = engines
+        .iter()
+        .position(|m| *m == Mode::WriteAll)
+        .map(|i| rows[i]);
+    for (m, (mbs, cpu, zc)) in engines.iter().zip(&rows) {
+        let (r1, r2) = match base {
+            Some((bm, bc, _)) => (format!("{:.2}", mbs / bm), format!("{:.2}", cpu / bc)),
+            None => ("-".into(), "-".into()),
+        };
+        let name = match m {
+            Mode::WriteAll => "copy (tokio send)".to_string(),
+            Mode::ZeroTx(k) => k.to_string(),
+        };
+        println!(
+            "{name:<18} {mbs:>10.0} {cpu:>10.3} {r1:>12} {r2:>12} {:>9.0}%",
+            zc * 100.0
+        );
+    }
+    Ok(())
+}
+
+/// One cell: (MB/s, CPU-s/GB, share of releases that were zero-copy).
+async fn udp_cell(
+    mode: Mode,
+    dest: SocketAddr,
+    object: &bytes::Bytes,
+    size: usize,
+    seconds: f64,
+) -> Result<(f64, f64, f64), String> {
+    let e = |e: std::io::Error| e.to_string();
+    let sock = tokio::net::UdpSocket::bind("0.0.0.0:0").await.map_err(e)?;
+    sock.connect(dest).await.map_err(e)?;
+    let slots = object.len() / size;
+    let (mut sent, mut i) = (0u64, 0usize);
+    let (mut released, mut zc) = (0u64, 0u64);
+    let cpu0 = zerotx_testbed::thread_cpu_time();
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs_f64(seconds);
+    match mode {
+        Mode::WriteAll => {
+            while Instant::now() < until {
+                for _ in 0..64 {
+                    let at = (i % slots) * size;
+                    sent += sock.send(&object[at..at + size]).await.map_err(e)? as u64;
+                    i += 1;
+                }
+            }
+        }
+        Mode::ZeroTx(kind) => {
+            let tx = zerotx::tokio::AsyncSender::from_udp(sock, kind).map_err(|e| e.to_string())?;
+            let mut done = Vec::new();
+            while Instant::now() < until {
+                for _ in 0..64 {
+                    let at = (i % slots) * size;
+                    tx.send(object.slice(at..at + size))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    sent += size as u64;
+                    i += 1;
+                }
+                tx.drain_released(&mut done).map_err(e)?;
+                released += done.len() as u64;
+                zc += done.iter().filter(|r| r.report.path.is_zerocopy()).count() as u64;
+                done.clear();
+            }
+            tx.flush(Duration::from_secs(5))
+                .await
+                .map_err(|e| e.to_string())?;
+            let closed = tx.close(Duration::from_secs(1)).await;
+            released += closed.released.len() as u64;
+            zc += closed
+                .released
+                .iter()
+                .filter(|r| r.report.path.is_zerocopy())
+                .count() as u64;
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let cpu = (zerotx_testbed::thread_cpu_time() - cpu0).as_secs_f64();
+    let share = if released > 0 {
+        zc as f64 / released as f64
+    } else {
+        0.0
+    };
+    Ok((
+        sent as f64 / elapsed / 1e6,
+        cpu / (sent as f64 / 1e9),
+        share,
+    ))
 }
