@@ -115,7 +115,7 @@ fn run() -> Result<(), String> {
 
 /// One timed cell: the server as a child process (so its CPU time is its own), `clients`
 /// keep-alive clients fetching `size` bytes in a loop.
-fn cell(a: &Args, engine: &str) -> Result<(f64, f64), String> {
+fn cell(a: &Args, engine: &str) -> Result<(f64, f64, String), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut child = Command::new(exe)
         .args(["--listen", "127.0.0.1:0", "--engine", engine, "--threads"])
@@ -145,6 +145,7 @@ fn cell(a: &Args, engine: &str) -> Result<(f64, f64), String> {
         .collect();
     std::thread::sleep(Duration::from_secs_f64(a.seconds));
     stop.store(true, Ordering::Relaxed);
+    let chosen = chosen_engines(addr);
     // Each client finishes the response it is reading, so every byte counted was served.
     let joined: Vec<_> = clients.into_iter().map(|c| c.join()).collect();
     let elapsed = t0.elapsed().as_secs_f64();
@@ -156,7 +157,30 @@ fn cell(a: &Args, engine: &str) -> Result<(f64, f64), String> {
     for j in joined {
         j.map_err(|_| "a client panicked")??;
     }
-    Ok((moved / elapsed / 1e6, cpu / (moved / 1e9)))
+    Ok((moved / elapsed / 1e6, cpu / (moved / 1e9), chosen))
+}
+
+/// The engines the server's senders report (`engine.NAME=COUNT` lines of `GET /stats`): what
+/// `auto` chose.
+fn chosen_engines(addr: SocketAddr) -> String {
+    let fetch = || -> std::io::Result<String> {
+        let mut s = TcpStream::connect(addr)?;
+        s.write_all(b"GET /stats HTTP/1.1\r\nConnection: close\r\n\r\n")?;
+        let mut text = String::new();
+        s.read_to_string(&mut text)?;
+        Ok(text)
+    };
+    let text = fetch().unwrap_or_default();
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("engine."))
+        .filter_map(|l| l.split('=').next())
+        .collect();
+    if names.is_empty() {
+        "-".into()
+    } else {
+        names.join("+")
+    }
 }
 
 fn client(
@@ -205,7 +229,7 @@ fn bench(a: &Args) -> Result<(), String> {
          server threads {} (loopback TCP; the kernel copies zero-copy sends delivered locally)",
         a.clients, a.size, a.seconds, a.repeat, a.cfg.threads
     );
-    let mut results: Vec<Vec<(f64, f64)>> = vec![Vec::new(); a.engines.len()];
+    let mut results: Vec<Vec<(f64, f64, String)>> = vec![Vec::new(); a.engines.len()];
     for _ in 0..a.repeat {
         for (i, e) in a.engines.iter().enumerate() {
             results[i].push(cell(a, e)?);
@@ -215,27 +239,32 @@ fn bench(a: &Args) -> Result<(), String> {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let rows: Vec<(f64, f64)> = results
+    let rows: Vec<(f64, f64, String)> = results
         .iter()
         .map(|r| {
             (
                 median(r.iter().map(|x| x.0).collect()),
                 median(r.iter().map(|x| x.1).collect()),
+                r[0].2.clone(),
             )
         })
         .collect();
-    let base = a.engines.iter().position(|e| e == "copy").map(|i| rows[i]);
+    let base = a
+        .engines
+        .iter()
+        .position(|e| e == "copy")
+        .map(|i| (rows[i].0, rows[i].1));
     println!(
-        "{:<18} {:>10} {:>14} {:>12} {:>12}",
+        "{:<18} {:>10} {:>14} {:>12} {:>12}  sender engine",
         "engine", "MB/s", "server CPU-s/GB", "MB/s ratio", "CPU/GB ratio"
     );
-    for (e, (mbs, cpu)) in a.engines.iter().zip(&rows) {
+    for (e, (mbs, cpu, chosen)) in a.engines.iter().zip(&rows) {
         let (r1, r2) = match base {
             Some((bm, bc)) => (format!("{:.2}", mbs / bm), format!("{:.2}", cpu / bc)),
             None => ("-".into(), "-".into()),
         };
         let name = Mode::parse(e)?.name();
-        println!("{name:<18} {mbs:>10.0} {cpu:>14.3} {r1:>12} {r2:>12}");
+        println!("{name:<18} {mbs:>10.0} {cpu:>14.3} {r1:>12} {r2:>12}  {chosen}");
     }
     Ok(())
 }

@@ -104,12 +104,20 @@ pub struct Stats {
     pub headers_copied: AtomicU64,
     pub headers_queued: AtomicU64,
     pub bad_requests: AtomicU64,
+    /// Connections per engine the sender reports (what `auto` chose, once it exists).
+    pub engines: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl Stats {
     pub fn render(&self) -> String {
         let f = |a: &AtomicU64| a.load(Relaxed);
-        format!(
+        let engines = self.engines.lock().unwrap_or_else(|e| e.into_inner());
+        let engines: String = engines
+            .iter()
+            .map(|(k, n)| format!("engine.{k}={n}\n"))
+            .collect();
+        engines
+            + &format!(
             "connections={}\nopen={}\nrequests={}\nresponses={}\nbody_bytes={}\nbuffers_sent={}\n\
              buffers_released={}\nreleased_zerocopy={}\nreleased_with_error={}\nkept={}\n\
              send_errors={}\nwrite_timeouts={}\naborted={}\nheaders_copied={}\nheaders_queued={}\n\
@@ -420,6 +428,12 @@ async fn connection_zerotx(
         _ => SenderConfig::new(kind),
     };
     let tx: AsyncSender<Bytes> = AsyncSender::with_config(std, sender_cfg)?;
+    *stats
+        .engines
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(tx.engine().to_string())
+        .or_default() += 1;
     let result = zerotx_requests(&mut rd, &tx, cfg, &object, stats).await;
     finish(tx, &rd, cfg, stats).await;
     result
