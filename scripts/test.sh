@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The project's test command: formatting, lints, a short fuzz run of the cmsg decoder, then every
-# test (unit, property, real-kernel, CLI end to end). Run as root so the network-namespace and
+# test (unit, property, real-kernel, CLI end to end, and the tokio feature's tests; the object
+# server's test needs curl). Run as root so the network-namespace and
 # limit tests run; ZEROTX_STRICT=1 turns any skip into a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo clippy -D warnings (every feature, so the tokio module is linted too)"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 echo "== cargo doc (warnings are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features -q
 
 echo "== fuzz: cmsg decoder (${ZEROTX_FUZZ_SECONDS:=20} s)"
 if command -v cargo-fuzz >/dev/null 2>&1; then
@@ -26,3 +27,9 @@ fi
 
 echo "== cargo test"
 cargo test --workspace
+
+# The async sender and the object server (feature tokio): only their own tests, so the rest of
+# zerotx's suite is not built and run a second time with the feature on (~20 s).
+echo "== cargo test --features tokio (async sender, object server with curl and a load test)"
+cargo test -p zerotx --features tokio --test tokio_sender --test tokio_server
+cargo test -p zerotx --features tokio --doc tokio

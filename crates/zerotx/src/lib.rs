@@ -58,6 +58,7 @@
 //! | `sys/` | every system call and kernel ABI; `sys/uring/`: the io_uring ring (`ring.rs`) and the requests that own their memory and build their SQEs (`op.rs`) |
 //! | `buf/` | [`SendBuf`] (the buffer rule) and [`BufPool`] |
 //! | `probe.rs` | [`probe()`]: what this host supports and what to tune |
+//! | `tokio/` | feature `tokio`: `tokio::AsyncSender`, readiness through tokio's reactor, one shared ring per runtime thread |
 //!
 //! ## Why some things are ours
 //! The libc calls go through a small `sys` module over `libc` (and `socket2` for addresses);
@@ -78,6 +79,8 @@ mod report;
 mod sender;
 pub mod socket;
 mod sys;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use addr::{Destination, VsockAddr};
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};

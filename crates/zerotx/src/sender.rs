@@ -496,6 +496,13 @@ impl<B: SendBuf> Sender<B> {
         self.engine.stats()
     }
 
+    /// How long a waiter may sleep on [`readiness`](Self::readiness) before it must look again
+    /// even without a wake-up (a shared ring's completions can be reaped by another sender);
+    /// `None`: until woken. Event loops that wait on their own honour it as a timeout.
+    pub fn wait_slice(&self) -> Option<Duration> {
+        self.engine.wait_slice()
+    }
+
     /// Waits (`poll(2)`) for the sender's readiness, up to `timeout`, then makes progress into the
     /// sender's own list of released buffers.
     fn wait(&mut self, timeout: Option<Duration>, retry: bool) -> io::Result<()> {

@@ -1,0 +1,599 @@
+//! The object server itself: HTTP/1.1 `GET /<size>` over tokio, bodies sent zero-copy by
+//! `zerotx::tokio::AsyncSender` from one shared in-memory object (each body chunk is a
+//! `Bytes::slice` of it: a reference count, never a copy), or with tokio's `write_all` (mode
+//! `copy`) for comparison. Shared by `object_server.rs` (the binary) and `tests/tokio_server.rs`
+//! (which runs it in-process).
+#![allow(dead_code)] // each includer uses a different part
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use zerotx::tokio::{thread_ring, AsyncSender};
+use zerotx::{EngineKind, SenderConfig};
+
+/// The engine when `--engine` is not given. Switch to `"auto"` once `EngineKind::Auto` exists.
+pub const DEFAULT_ENGINE: &str = "msg-zc";
+
+/// How bodies leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// tokio's `write_all` from the shared object: the kernel copies (`--engine copy`).
+    WriteAll,
+    /// zerotx's async sender with this engine.
+    ZeroTx(EngineKind),
+}
+
+impl Mode {
+    /// `copy` is the plain tokio mode; every other name is a zerotx engine.
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        if s == "copy" {
+            return Ok(Mode::WriteAll);
+        }
+        s.parse::<EngineKind>().map(Mode::ZeroTx)
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Mode::WriteAll => "copy (write_all)".into(),
+            Mode::ZeroTx(k) => k.to_string(),
+        }
+    }
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    /// The largest object served; the shared object is this big.
+    pub max_size: usize,
+    /// Bytes per buffer handed to the sender.
+    pub chunk: usize,
+    /// A body write that makes no progress for this long ends the connection.
+    pub write_timeout: Duration,
+    /// An idle keep-alive connection is closed after this long.
+    pub idle_timeout: Duration,
+    /// Closing waits for the kernel to release a connection's buffers while it releases one at
+    /// least this often; past that the connection is reset (RST), which makes the kernel let go.
+    pub close_timeout: Duration,
+    /// Runtime worker threads (0: one current-thread runtime).
+    pub threads: usize,
+}
+
+impl Config {
+    pub fn new(mode: Mode) -> Self {
+        Config {
+            mode,
+            max_size: 64 << 20,
+            chunk: 256 << 10,
+            write_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            close_timeout: Duration::from_secs(5),
+            threads: 2,
+        }
+    }
+}
+
+/// Counters, for `GET /stats` and the tests.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub connections: AtomicU64,
+    pub open: AtomicU64,
+    pub requests: AtomicU64,
+    /// Responses whose whole body was handed to the kernel.
+    pub responses: AtomicU64,
+    pub body_bytes: AtomicU64,
+    /// Buffers the sender accepted.
+    pub buffers_sent: AtomicU64,
+    /// Buffers the kernel released (taken back from the sender, or at close).
+    pub buffers_released: AtomicU64,
+    pub released_zerocopy: AtomicU64,
+    pub released_with_error: AtomicU64,
+    /// Buffers still held by the kernel when a connection closed (leaked on purpose).
+    pub kept: AtomicU64,
+    /// Sends the kernel refused (peer gone), and bodies cut short by a stalled peer.
+    pub send_errors: AtomicU64,
+    pub write_timeouts: AtomicU64,
+    /// Connections reset because the kernel did not release their buffers in time.
+    pub aborted: AtomicU64,
+    pub headers_copied: AtomicU64,
+    pub headers_queued: AtomicU64,
+    pub bad_requests: AtomicU64,
+    /// Connections per engine the sender reports (what `auto` chose, once it exists).
+    pub engines: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Stats {
+    pub fn render(&self) -> String {
+        let f = |a: &AtomicU64| a.load(Relaxed);
+        let engines = self.engines.lock().unwrap_or_else(|e| e.into_inner());
+        let engines: String = engines
+            .iter()
+            .map(|(k, n)| format!("engine.{k}={n}\n"))
+            .collect();
+        engines
+            + &format!(
+            "connections={}\nopen={}\nrequests={}\nresponses={}\nbody_bytes={}\nbuffers_sent={}\n\
+             buffers_released={}\nreleased_zerocopy={}\nreleased_with_error={}\nkept={}\n\
+             send_errors={}\nwrite_timeouts={}\naborted={}\nheaders_copied={}\nheaders_queued={}\n\
+             bad_requests={}\nleaked_buffers={}\n",
+            f(&self.connections),
+            f(&self.open),
+            f(&self.requests),
+            f(&self.responses),
+            f(&self.body_bytes),
+            f(&self.buffers_sent),
+            f(&self.buffers_released),
+            f(&self.released_zerocopy),
+            f(&self.released_with_error),
+            f(&self.kept),
+            f(&self.send_errors),
+            f(&self.write_timeouts),
+            f(&self.aborted),
+            f(&self.headers_copied),
+            f(&self.headers_queued),
+            f(&self.bad_requests),
+            zerotx::leaked_buffers(),
+        )
+    }
+}
+
+/// The byte at offset `o` of every object: a word counter, so a shifted or stale byte shows (the
+/// same pattern as the library's tests).
+pub fn pattern(o: u64) -> u8 {
+    let w = (o >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5_A5A5_A5A5_A5A5;
+    (w >> ((o & 7) * 8)) as u8
+}
+
+/// The one shared object: `GET /<n>` serves its first `n` bytes.
+pub fn make_object(size: usize) -> Bytes {
+    let mut v = vec![0u8; size];
+    for (i, chunk) in v.chunks_mut(8).enumerate() {
+        let o = (i * 8) as u64;
+        let w = (o >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5_A5A5_A5A5_A5A5;
+        let bytes = w.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    Bytes::from(v)
+}
+
+/// `4096`, `64K`, `1M`, `1G` (binary units).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let (num, shift) = match s.as_bytes().last()? {
+        b'K' | b'k' => (&s[..s.len() - 1], 10),
+        b'M' | b'm' => (&s[..s.len() - 1], 20),
+        b'G' | b'g' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    num.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// A server running on its own runtime thread(s).
+pub struct Running {
+    pub addr: SocketAddr,
+    pub stats: Arc<Stats>,
+}
+
+/// Binds `addr` and serves on a runtime of `cfg.threads` workers, in a background thread.
+pub fn spawn(addr: SocketAddr, cfg: Config) -> std::io::Result<Running> {
+    let std_listener = std::net::TcpListener::bind(addr)?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
+    let stats = Arc::new(Stats::default());
+    let object = make_object(cfg.max_size);
+    let rt = runtime(cfg.threads)?;
+    let s = stats.clone();
+    std::thread::Builder::new()
+        .name("object-server".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(std_listener).expect("listener");
+                serve(listener, Arc::new(cfg), object, s).await
+            })
+        })?;
+    Ok(Running { addr, stats })
+}
+
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    if threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+}
+
+/// Accepts forever; one task per connection.
+pub async fn serve(listener: TcpListener, cfg: Arc<Config>, object: Bytes, stats: Arc<Stats>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning, keep serving.
+                eprintln!("accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        stats.connections.fetch_add(1, Relaxed);
+        stats.open.fetch_add(1, Relaxed);
+        let (cfg, object, stats) = (cfg.clone(), object.clone(), stats.clone());
+        tokio::spawn(async move {
+            if let Err(e) = connection(stream, &cfg, object, &stats).await {
+                if std::env::var_os("OBJECT_SERVER_DEBUG").is_some() {
+                    eprintln!("connection: {e}");
+                }
+            }
+            stats.open.fetch_sub(1, Relaxed);
+        });
+    }
+}
+
+/// One parsed request.
+enum Request {
+    Object { size: usize, close: bool },
+    Stats { close: bool },
+    Bad(&'static str),
+}
+
+/// Reads one request (head only; bodies are refused). `Ok(None)`: the peer closed or idled out.
+async fn read_request(
+    rd: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    idle: Duration,
+) -> std::io::Result<Option<Request>> {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 4);
+            return Ok(Some(parse_request(&head)));
+        }
+        if buf.len() > 8192 {
+            return Ok(Some(Request::Bad("request head over 8 KiB")));
+        }
+        let mut tmp = [0u8; 2048];
+        let n = match tokio::time::timeout(idle, rd.read(&mut tmp)).await {
+            Ok(r) => r?,
+            Err(_) => return Ok(None),
+        };
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+fn parse_request(head: &str) -> Request {
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next().unwrap_or("").split(' ');
+    let (method, target, version) = (first.next(), first.next(), first.next());
+    let mut close = version != Some("HTTP/1.1");
+    for line in lines {
+        if let Some((k, v)) = line.split_once(':') {
+            let (k, v) = (k.trim(), v.trim());
+            if k.eq_ignore_ascii_case("connection") {
+                close = v.eq_ignore_ascii_case("close");
+            } else if k.eq_ignore_ascii_case("content-length") && v != "0"
+                || k.eq_ignore_ascii_case("transfer-encoding")
+            {
+                return Request::Bad("request bodies are not accepted");
+            }
+        }
+    }
+    if method != Some("GET") || !matches!(version, Some("HTTP/1.1" | "HTTP/1.0")) {
+        return Request::Bad("only GET over HTTP/1.x");
+    }
+    match target.and_then(|t| t.strip_prefix('/')) {
+        Some("stats") => Request::Stats { close },
+        Some(s) => match parse_size(s) {
+            Some(size) => Request::Object { size, close },
+            None => Request::Bad("GET /<size>, e.g. /4096, /64K, /1M"),
+        },
+        None => Request::Bad("no target"),
+    }
+}
+
+fn head(status: &str, len: usize, close: bool, kind: &str) -> Vec<u8> {
+    let conn = if close { "close" } else { "keep-alive" };
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {len}\r\nContent-Type: {kind}\r\n\
+         Connection: {conn}\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+async fn connection(
+    stream: TcpStream,
+    cfg: &Config,
+    object: Bytes,
+    stats: &Stats,
+) -> std::io::Result<()> {
+    match cfg.mode {
+        Mode::WriteAll => connection_write_all(stream, cfg, object, stats).await,
+        Mode::ZeroTx(kind) => connection_zerotx(stream, kind, cfg, object, stats).await,
+    }
+}
+
+/// What one response needs to know besides the socket.
+struct Answer {
+    head: Vec<u8>,
+    body: Option<Bytes>,
+    close: bool,
+}
+
+fn answer(req: Request, cfg: &Config, object: &Bytes, stats: &Stats) -> Answer {
+    stats.requests.fetch_add(1, Relaxed);
+    match req {
+        Request::Object { size, close } if size <= cfg.max_size => Answer {
+            head: head("200 OK", size, close, "application/octet-stream"),
+            body: (size > 0).then(|| object.slice(..size)),
+            close,
+        },
+        Request::Object { .. } => {
+            let msg = format!("objects go up to {} bytes\n", cfg.max_size);
+            let mut h = head("404 Not Found", msg.len(), false, "text/plain");
+            h.extend_from_slice(msg.as_bytes());
+            Answer {
+                head: h,
+                body: None,
+                close: false,
+            }
+        }
+        Request::Stats { close } => {
+            let msg = stats.render();
+            let mut h = head("200 OK", msg.len(), close, "text/plain");
+            h.extend_from_slice(msg.as_bytes());
+            Answer {
+                head: h,
+                body: None,
+                close,
+            }
+        }
+        Request::Bad(why) => {
+            stats.bad_requests.fetch_add(1, Relaxed);
+            let msg = format!("{why}\n");
+            let mut h = head("400 Bad Request", msg.len(), true, "text/plain");
+            h.extend_from_slice(msg.as_bytes());
+            Answer {
+                head: h,
+                body: None,
+                close: true,
+            }
+        }
+    }
+}
+
+/// `--engine copy`: tokio's `write_all`, which borrows the bytes for the call: the kernel copies.
+async fn connection_write_all(
+    mut stream: TcpStream,
+    cfg: &Config,
+    object: Bytes,
+    stats: &Stats,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    while let Some(req) = read_request(&mut stream, &mut buf, cfg.idle_timeout).await? {
+        let a = answer(req, cfg, &object, stats);
+        let write = async {
+            stream.write_all(&a.head).await?;
+            if let Some(body) = &a.body {
+                for piece in body.chunks(cfg.chunk) {
+                    match tokio::time::timeout(cfg.write_timeout, stream.write_all(piece)).await {
+                        Ok(r) => r?,
+                        Err(_) => {
+                            stats.write_timeouts.fetch_add(1, Relaxed);
+                            return Err(std::io::ErrorKind::TimedOut.into());
+                        }
+                    }
+                }
+                stats.body_bytes.fetch_add(body.len() as u64, Relaxed);
+                stats.responses.fetch_add(1, Relaxed);
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        if let Err(e) = write.await {
+            stats.send_errors.fetch_add(1, Relaxed);
+            return Err(e);
+        }
+        if a.close {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// zerotx mode: requests are read (and headers written by copy) on a duplicate of the socket
+/// registered with tokio; bodies go through the async sender, which owns the socket.
+async fn connection_zerotx(
+    stream: TcpStream,
+    kind: EngineKind,
+    cfg: &Config,
+    object: Bytes,
+    stats: &Stats,
+) -> std::io::Result<()> {
+    let std = stream.into_std()?;
+    let mut rd = TcpStream::from_std(std.try_clone()?)?;
+    let sender_cfg = match kind {
+        // One ring per runtime thread, shared by the connections accepted on it.
+        EngineKind::Uring | EngineKind::UringZc => SenderConfig::shared(kind, &thread_ring()?),
+        _ => SenderConfig::new(kind),
+    };
+    let tx: AsyncSender<Bytes> = AsyncSender::with_config(std, sender_cfg)?;
+    *stats
+        .engines
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(tx.engine().to_string())
+        .or_default() += 1;
+    let result = zerotx_requests(&mut rd, &tx, cfg, &object, stats).await;
+    finish(tx, &rd, cfg, stats).await;
+    result
+}
+
+async fn zerotx_requests(
+    rd: &mut TcpStream,
+    tx: &AsyncSender<Bytes>,
+    cfg: &Config,
+    object: &Bytes,
+    stats: &Stats,
+) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    let mut done = Vec::new();
+    loop {
+        // The previous body may still be queued (an io_uring engine accepts a whole body at
+        // once): a peer that stopped reading it is timed out here too, not only in `send`.
+        let req = tokio::select! {
+            r = read_request(rd, &mut buf, cfg.idle_timeout) => r?,
+            () = stalled(tx, cfg.write_timeout) => {
+                stats.write_timeouts.fetch_add(1, Relaxed);
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+        };
+        let Some(req) = req else {
+            break;
+        };
+        let a = answer(req, cfg, object, stats);
+        // The head goes by copy when nothing of ours is queued or in flight (a plain write then
+        // lands after every byte sent before); otherwise it must queue behind the previous body
+        // in the sender, or it would overtake it on the wire.
+        if tx.in_flight() == 0 {
+            stats.headers_copied.fetch_add(1, Relaxed);
+            rd.write_all(&a.head).await?;
+        } else {
+            stats.headers_queued.fetch_add(1, Relaxed);
+            send(tx, Bytes::from(a.head), cfg, stats).await?;
+        }
+        if let Some(body) = a.body {
+            let mut off = 0;
+            while off < body.len() {
+                let end = (off + cfg.chunk).min(body.len());
+                send(tx, body.slice(off..end), cfg, stats).await?;
+                off = end;
+                collect(tx, &mut done, stats)?;
+            }
+            stats.body_bytes.fetch_add(body.len() as u64, Relaxed);
+            stats.responses.fetch_add(1, Relaxed);
+        }
+        collect(tx, &mut done, stats)?;
+        if a.close {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves when buffers are held and none was released for `timeout`; never once nothing is
+/// held (nothing is sent while the caller waits for the next request).
+async fn stalled(tx: &AsyncSender<Bytes>, timeout: Duration) {
+    loop {
+        let before = tx.in_flight();
+        if before == 0 {
+            return std::future::pending().await;
+        }
+        if tx.flush(timeout).await.is_err() && tx.in_flight() >= before {
+            return;
+        }
+    }
+}
+
+/// One buffer into the sender, within the write timeout.
+async fn send(
+    tx: &AsyncSender<Bytes>,
+    buf: Bytes,
+    cfg: &Config,
+    stats: &Stats,
+) -> std::io::Result<()> {
+    match tokio::time::timeout(cfg.write_timeout, tx.send(buf)).await {
+        Ok(Ok(())) => {
+            stats.buffers_sent.fetch_add(1, Relaxed);
+            Ok(())
+        }
+        Ok(Err(e)) => {
+            stats.send_errors.fetch_add(1, Relaxed);
+            Err(e.into())
+        }
+        Err(_) => {
+            stats.write_timeouts.fetch_add(1, Relaxed);
+            Err(std::io::ErrorKind::TimedOut.into())
+        }
+    }
+}
+
+/// Takes back what the kernel released and counts it (the `Bytes` clones drop here).
+fn collect(
+    tx: &AsyncSender<Bytes>,
+    done: &mut Vec<zerotx::Released<Bytes>>,
+    stats: &Stats,
+) -> std::io::Result<()> {
+    tx.drain_released(done)?;
+    count(done.drain(..), stats);
+    Ok(())
+}
+
+fn count(released: impl Iterator<Item = zerotx::Released<Bytes>>, stats: &Stats) {
+    for r in released {
+        stats.buffers_released.fetch_add(1, Relaxed);
+        if r.report.path.is_zerocopy() {
+            stats.released_zerocopy.fetch_add(1, Relaxed);
+        }
+        if let Some(e) = &r.report.error {
+            if std::env::var_os("OBJECT_SERVER_DEBUG").is_some() {
+                eprintln!("released with error after {} bytes: {e}", r.report.bytes);
+            }
+            stats.released_with_error.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+/// Ends a connection without keeping buffers: waits for the kernel to release them (the peer
+/// reading and acknowledging) for as long as it releases at least one every `close_timeout`;
+/// a peer that stops reading gets its connection reset, which makes the kernel drop what it
+/// still queued and release it.
+async fn finish(tx: AsyncSender<Bytes>, rd: &TcpStream, cfg: &Config, stats: &Stats) {
+    loop {
+        let before = tx.in_flight();
+        match tx.flush(cfg.close_timeout).await {
+            Ok(()) => break,
+            Err(_) if tx.in_flight() < before => continue, // still reading: wait on
+            Err(_) => {
+                stats.aborted.fetch_add(1, Relaxed);
+                abort(rd);
+                break;
+            }
+        }
+    }
+    let closed = tx.close(cfg.close_timeout).await;
+    count(closed.released.into_iter(), stats);
+    stats.kept.fetch_add(closed.kept as u64, Relaxed);
+}
+
+/// Resets a TCP connection while its descriptor stays open: `connect(AF_UNSPEC)` disconnects the
+/// socket (`tcp_disconnect`: RST to the peer, the write queue purged, zero-copy completions
+/// posted). Closing with `SO_LINGER` 0 would do the same, but the sender still owns the socket.
+fn abort(sock: &TcpStream) {
+    let addr = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: connect reads `size_of::<sockaddr>()` bytes from a live local `sockaddr`; the
+    // descriptor is borrowed from a stream that lives across the call.
+    let rc = unsafe {
+        libc::connect(
+            sock.as_fd().as_raw_fd(),
+            &addr,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 && std::env::var_os("OBJECT_SERVER_DEBUG").is_some() {
+        eprintln!("abort: {}", std::io::Error::last_os_error());
+    }
+}

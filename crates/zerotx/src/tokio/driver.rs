@@ -1,0 +1,237 @@
+//! The task behind every [`AsyncSender`](super::AsyncSender): waits on the sender's readiness
+//! through tokio's reactor and makes progress (pushes queued bytes, reads completions), so
+//! buffers go out and come back while the sender's owner awaits something else entirely.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ::tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+use ::tokio::io::Interest;
+use ::tokio::sync::Notify;
+use ::tokio::time::Instant;
+
+use crate::buf::SendBuf;
+use crate::report::Released;
+use crate::sender::Sender;
+
+/// What the sender's owner and the driver share. The lock is never held across an await.
+pub(super) struct Shared<B: SendBuf> {
+    state: Mutex<State<B>>,
+    /// Wakes the driver: work appeared, a send was handed back, or the owner left.
+    pub(super) driver: Notify,
+    /// Wakes the owner's waits (`send`, `released`, `flush`): the driver made progress, or
+    /// readiness that may let a handed-back send go came.
+    pub(super) owner: Notify,
+}
+
+pub(super) struct State<B: SendBuf> {
+    /// `None` once closed.
+    pub(super) tx: Option<Sender<B>>,
+    pub(super) released: VecDeque<Released<B>>,
+    scratch: Vec<Released<B>>,
+    /// The driver found nothing to wait for and sleeps until woken.
+    pub(super) idle: bool,
+    /// Owner calls waiting to retry a handed-back send.
+    pub(super) blocked: usize,
+    /// The socket reported it can no longer be written (`EPOLLHUP`, an error): tokio keeps that
+    /// state set, so the driver stops waiting for writability (which would be ready for ever).
+    write_closed: bool,
+    /// An error from making progress, for the owner's next wait.
+    pub(super) error: Option<io::Error>,
+    /// The owner is gone (closed, or dropped): after `deadline` (dropped with buffers held), or
+    /// at once (closed), the driver ends.
+    pub(super) leaving: Option<Leave>,
+}
+
+#[derive(Clone, Copy)]
+pub(super) enum Leave {
+    /// `close`: stop now; the owner closes the sender.
+    Now,
+    /// Dropped with buffers in the kernel: keep collecting until none is held or the deadline,
+    /// then close, keeping (leaking) what is still held.
+    Drain(Instant),
+}
+
+impl<B: SendBuf> Shared<B> {
+    pub(super) fn new(tx: Sender<B>) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                tx: Some(tx),
+                released: VecDeque::new(),
+                scratch: Vec::new(),
+                idle: false,
+                blocked: 0,
+                write_closed: false,
+                error: None,
+                leaving: None,
+            }),
+            driver: Notify::new(),
+            owner: Notify::new(),
+        })
+    }
+
+    /// Locks, recovering from a poisoned lock (every update is whole under one lock).
+    pub(super) fn lock(&self) -> MutexGuard<'_, State<B>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<B: SendBuf> State<B> {
+    pub(super) fn tx(&mut self) -> &mut Sender<B> {
+        self.tx.as_mut().expect("present until close")
+    }
+
+    /// Reaps into the queue of released buffers; returns how many came. An error is kept for
+    /// the owner.
+    pub(super) fn reap(&mut self) -> usize {
+        let Some(tx) = self.tx.as_mut() else {
+            return 0;
+        };
+        match tx.reap(&mut self.scratch) {
+            Ok(n) => {
+                self.released.extend(self.scratch.drain(..));
+                n
+            }
+            Err(e) => {
+                self.error = Some(e);
+                0
+            }
+        }
+    }
+}
+
+/// What to wait for next.
+enum Wait {
+    /// Nothing held, nothing handed back: sleep until woken.
+    Idle,
+    /// Look again at once (after a yield): a ring could not submit everything.
+    Now,
+    /// Readiness on the registered descriptor, looking again after the slice if there is one.
+    Ready(Interest, Option<Duration>),
+}
+
+fn what_to_wait_for<B: SendBuf>(st: &mut State<B>, ring: bool) -> Wait {
+    let (blocked, write_closed) = (st.blocked, st.write_closed);
+    let tx = st.tx();
+    let r = tx.readiness();
+    let room = r.events & libc::POLLOUT != 0 && !write_closed;
+    let slice = tx.wait_slice();
+    if tx.in_flight() == 0 && blocked == 0 {
+        return Wait::Idle;
+    }
+    if slice.is_some_and(|s| s.is_zero()) {
+        return Wait::Now;
+    }
+    let interest = match (ring, room) {
+        // A ring asks for POLLOUT only when something could not be submitted: try again now.
+        (true, true) => return Wait::Now,
+        (true, false) => Interest::READABLE,
+        // The error queue (EPOLLERR) always; writability only while a send waits for room, so
+        // that waiting for completions does not wake on a writable socket.
+        (false, true) => Interest::WRITABLE | Interest::ERROR,
+        (false, false) => Interest::ERROR,
+    };
+    Wait::Ready(interest, slice)
+}
+
+/// Waits for `interest` on `io`, at most `until`. `None`: the time ran out.
+async fn ready(
+    io: &AsyncFd<OwnedFd>,
+    interest: Interest,
+    until: Option<Instant>,
+) -> io::Result<Option<AsyncFdReadyGuard<'_, OwnedFd>>> {
+    match until {
+        Some(t) => match ::tokio::time::timeout_at(t, io.ready(interest)).await {
+            Ok(guard) => guard.map(Some),
+            Err(_) => Ok(None),
+        },
+        None => io.ready(interest).await.map(Some),
+    }
+}
+
+/// The driver: runs until the owner leaves (and, after a drop, until the kernel released
+/// everything or the drop deadline passed). Owns the registration of the readiness descriptor.
+pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedFd>, ring: bool) {
+    loop {
+        let wait = {
+            let mut st = shared.lock();
+            let n = st.reap();
+            if n > 0 || st.error.is_some() {
+                shared.owner.notify_waiters();
+            }
+            let Some(tx) = st.tx.as_mut() else {
+                return;
+            };
+            let held = tx.in_flight();
+            match st.leaving {
+                Some(Leave::Now) => return,
+                Some(Leave::Drain(deadline)) if held == 0 || Instant::now() >= deadline => {
+                    let tx = st.tx.take().expect("checked above");
+                    drop(st);
+                    // Deregister before the socket goes; what the kernel still holds is kept.
+                    drop(io);
+                    let _ = tx.close(Duration::ZERO);
+                    return;
+                }
+                _ => {}
+            }
+            let wait = what_to_wait_for(&mut st, ring);
+            st.idle = matches!(wait, Wait::Idle);
+            wait
+        };
+        let drain_deadline = match shared.lock().leaving {
+            Some(Leave::Drain(d)) => Some(d),
+            _ => None,
+        };
+        // A wait that ends at once without progress must not starve the runtime's other tasks.
+        ::tokio::task::consume_budget().await;
+        match wait {
+            Wait::Idle => match drain_deadline {
+                Some(_) => {} // nothing held: the next turn closes
+                None => shared.driver.notified().await,
+            },
+            Wait::Now => ::tokio::task::yield_now().await,
+            Wait::Ready(interest, slice) => {
+                let until = match (slice.map(|s| Instant::now() + s), drain_deadline) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                let guard = ::tokio::select! {
+                    biased;
+                    () = shared.driver.notified() => continue,
+                    g = ready(&io, interest, until) => g,
+                };
+                let guard = match guard {
+                    Ok(g) => g,
+                    Err(e) => {
+                        shared.lock().error = Some(e);
+                        shared.owner.notify_waiters();
+                        continue;
+                    }
+                };
+                let n = {
+                    let mut st = shared.lock();
+                    let n = st.reap();
+                    if n == 0 && guard.as_ref().is_some_and(|g| g.ready().is_write_closed()) {
+                        st.write_closed = true;
+                    }
+                    n
+                };
+                // Wake the owner either way: readiness may have made room for a handed-back
+                // send, which only its retry can tell.
+                shared.owner.notify_waiters();
+                if n == 0 {
+                    // Nothing came: clear the readiness seen (tokio keeps any that came since, by
+                    // its tick), so the next wait needs a new edge. A handed-back send retries
+                    // after this clear, and wakes the driver again if it is still blocked.
+                    if let Some(mut g) = guard {
+                        g.clear_ready();
+                    }
+                }
+            }
+        }
+    }
+}

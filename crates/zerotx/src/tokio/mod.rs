@@ -1,0 +1,397 @@
+//! Zero-copy sends from tokio programs (feature `tokio`): [`AsyncSender`].
+//!
+//! tokio's `AsyncWrite` borrows the bytes only for the call, so a zero-copy write through it must
+//! copy. [`AsyncSender`] takes owned buffers instead, in two stages: [`send`](AsyncSender::send)
+//! resolves when the sender accepted the buffer (waiting while the socket or the zero-copy budget
+//! is full), and the buffer comes back later, when the kernel let go of it, from
+//! [`released`](AsyncSender::released) (or [`drain_released`](AsyncSender::drain_released)),
+//! with its [`Report`](crate::Report).
+//!
+//! Releases come as one ordered stream per sender rather than one future per buffer: the kernel
+//! completes zero-copy sends in coalesced ranges (one error-queue message can release hundreds of
+//! buffers), a server usually only recycles or counts what comes back, and a future per buffer
+//! would cost a channel allocation per send. The buffer's identity travels with it, so a caller
+//! that wants per-buffer completion matches on the buffer it gets back.
+//!
+//! ## A driver task, so progress never waits for the owner
+//! Each sender spawns one small task on the current runtime that waits on the sender's readiness
+//! and makes progress: it pushes bytes the engine still queues (the rest of a short write, the
+//! io_uring engines' queued buffers) and reads completions, while the sender's owner awaits
+//! something else entirely (reading the next request, say). The owner and the task share the
+//! [`Sender`] under a lock held only for non-blocking calls, never across an await.
+//!
+//! ## Readiness, without busy polling
+//! The driver waits through tokio's reactor on a duplicate of the descriptor
+//! [`Sender::readiness`] names (a duplicate, because the same descriptor cannot be registered
+//! twice, and one ring serves many senders):
+//! - `msg-zc` (and `copy`): the socket, for `Interest::ERROR` (completions on the error queue make
+//!   the socket report `EPOLLERR`; tokio 1.32) and `Interest::WRITABLE` only while a send waits
+//!   for room, so that waiting for completions does not wake on a writable socket.
+//! - `uring`, `uring-zc`: the io_uring's fd, readable when completions are posted. Senders on a
+//!   shared ring also look again every [`Sender::wait_slice`] (another sender may have reaped
+//!   their completions for them), with tokio's timer, never spinning.
+//!
+//! Readiness is edge-triggered: the driver clears it only after a reap brought nothing, with
+//! tokio's readiness tick, so a completion that lands in between is not lost.
+//!
+//! ## Runtimes and rings
+//! Works on the current-thread and the multi-thread runtime. For the io_uring engines,
+//! [`thread_ring`] gives one ring per runtime thread, so the senders made on a thread share one
+//! `io_uring_enter`. io_uring retries a parked request on the thread that submitted it: a
+//! runtime's worker threads live as long as the runtime, and a task that moves to another worker
+//! keeps working (the ring is locked per operation; a request whose submitting thread exited is
+//! submitted again, see [`UringShared`](crate::UringShared)).
+//!
+//! ## Never blocking an executor thread
+//! [`flush`](AsyncSender::flush) and [`close`](AsyncSender::close) are async with a deadline.
+//! Dropping an `AsyncSender` that still has buffers in the kernel does not wait in `Drop`: its
+//! driver task goes on collecting completions for up to [`DROP_DEADLINE`], then closes the
+//! sender; buffers still held then are kept (counted in [`leaked_buffers`](crate::leaked_buffers)),
+//! never freed. Only when the runtime shuts down before that (dropping the task) does the
+//! blocking [`Sender`]'s own drop run, which waits up to 1 s on the thread dropping it.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use bytes::Bytes;
+//! use std::time::Duration;
+//! use zerotx::tokio::AsyncSender;
+//! use zerotx::EngineKind;
+//!
+//! let object = Bytes::from(vec![7u8; 1 << 20]); // shared: each send is a clone, not a copy
+//! let stream = tokio::net::TcpStream::connect("127.0.0.1:9000").await?;
+//! let tx = AsyncSender::from_tcp(stream, EngineKind::MsgZerocopy)?;
+//! tx.send(object.clone()).await?;           // accepted; waits while the socket is full
+//! while let Some(done) = tx.released().await? {
+//!     println!("{} bytes, zero-copy: {}", done.report.bytes, done.report.path.is_zerocopy());
+//! }
+//! let closed = tx.close(Duration::from_secs(5)).await;
+//! assert_eq!(closed.kept, 0);
+//! # Ok(()) }
+//! ```
+#![allow(unsafe_code)]
+
+mod driver;
+mod ring;
+
+pub use ring::thread_ring;
+
+use std::io;
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::tokio::io::unix::AsyncFd;
+use ::tokio::io::Interest;
+use ::tokio::task::JoinHandle;
+use ::tokio::time::Instant;
+
+use crate::addr::Destination;
+use crate::buf::SendBuf;
+use crate::engine::EngineKind;
+use crate::error::{Error, SendError};
+use crate::report::{Released, Stats};
+use crate::sender::{Closed, Sender, SenderConfig};
+use crate::socket::SockKind;
+
+use driver::{Leave, Shared};
+
+/// How long the driver of a dropped [`AsyncSender`] goes on collecting completions before it
+/// closes the sender and keeps (leaks) what the kernel still holds.
+pub const DROP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A [`Sender`] driven by tokio's reactor: async sends with backpressure, released buffers
+/// back asynchronously, async flush and close. See the [module docs](self).
+///
+/// Methods take `&self`: one task may send while another takes releases. Sends from several
+/// tasks at once are each accepted whole, in the order the sender accepts them (on a stream
+/// socket, send from one task to keep the order yours). Released buffers wait, in order, for
+/// [`released`](Self::released) or [`drain_released`](Self::drain_released): take them
+/// regularly, or they accumulate (each holds its buffer).
+pub struct AsyncSender<B: SendBuf> {
+    shared: Arc<Shared<B>>,
+    driver: Option<JoinHandle<()>>,
+    kind: EngineKind,
+    /// Waits on an io_uring rather than the socket.
+    ring: bool,
+}
+
+impl<B: SendBuf> std::fmt::Debug for AsyncSender<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.shared.lock();
+        f.debug_struct("AsyncSender")
+            .field("sender", &st.tx)
+            .field("released", &st.released.len())
+            .finish()
+    }
+}
+
+impl<B: SendBuf> AsyncSender<B> {
+    /// Makes a sender over a socket the caller owns (see [`Sender::new`]), registers its
+    /// readiness with the current tokio runtime and spawns its driver task. Fails with
+    /// [`Error::Config`] outside a runtime.
+    pub fn new(fd: impl Into<OwnedFd>, kind: EngineKind) -> Result<Self, Error> {
+        Self::from_sender(Sender::new(fd, kind)?)
+    }
+
+    /// As [`new`](Self::new), with a [`SenderConfig`] (e.g. a shared ring from [`thread_ring`]).
+    pub fn with_config(fd: impl Into<OwnedFd>, cfg: SenderConfig) -> Result<Self, Error> {
+        Self::from_sender(Sender::with_config(fd, cfg)?)
+    }
+
+    /// A sender over a connected tokio `TcpStream`, taken out of tokio's reactor (`into_std`).
+    /// A connection that also receives reads from a duplicate made beforehand
+    /// (`std::net::TcpStream::try_clone`, then `TcpStream::from_std`).
+    pub fn from_tcp(stream: ::tokio::net::TcpStream, kind: EngineKind) -> Result<Self, Error> {
+        let std = stream.into_std().map_err(|source| Error::Io {
+            context: "deregistering the TcpStream from tokio",
+            source,
+        })?;
+        Self::new(std, kind)
+    }
+
+    /// A sender over a tokio `UdpSocket` (connected, or sending with [`send_to`](Self::send_to)).
+    pub fn from_udp(sock: ::tokio::net::UdpSocket, kind: EngineKind) -> Result<Self, Error> {
+        let std = sock.into_std().map_err(|source| Error::Io {
+            context: "deregistering the UdpSocket from tokio",
+            source,
+        })?;
+        Self::new(std, kind)
+    }
+
+    /// Wraps a blocking [`Sender`]: registers a duplicate of the descriptor its
+    /// [`readiness`](Sender::readiness) names (`dup(2)`, `epoll_ctl` through tokio) and spawns
+    /// the driver task on the current runtime.
+    pub fn from_sender(mut tx: Sender<B>) -> Result<Self, Error> {
+        let Ok(rt) = ::tokio::runtime::Handle::try_current() else {
+            return Err(Error::Config {
+                problem: "an AsyncSender made outside a tokio runtime".into(),
+                fix: "make it from a task, or inside Runtime::enter".into(),
+            });
+        };
+        let kind = tx.engine();
+        let fd = tx.readiness().fd;
+        // SAFETY: `fd` is the socket or the ring `tx` holds open, and `tx` lives across this
+        // borrow; the duplicate made from it is independent of `tx` afterwards.
+        let dup = unsafe { BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .map_err(|source| Error::Io {
+                context: "fcntl(F_DUPFD_CLOEXEC) of the readiness descriptor",
+                source,
+            })?;
+        // A socket (msg-zc, copy) or an io_uring (uring, uring-zc): asked of the descriptor, not
+        // the engine's name, so an engine chosen at run time is waited on the right way.
+        let ring = socket2::SockRef::from(&dup).r#type().is_err();
+        let interest = if ring {
+            Interest::READABLE
+        } else {
+            Interest::WRITABLE | Interest::ERROR
+        };
+        // SAFETY: the AsyncFd owns `dup`, an open descriptor only it closes, so it stays open and
+        // names the same file for the AsyncFd's whole life.
+        let io =
+            unsafe { AsyncFd::register_with_interest(dup, interest) }.map_err(|e| Error::Io {
+                context: "registering the readiness descriptor with tokio (epoll_ctl)",
+                source: e.into(),
+            })?;
+        let shared = Shared::new(tx);
+        let driver = rt.spawn(driver::drive(shared.clone(), io, ring));
+        Ok(Self {
+            shared,
+            driver: Some(driver),
+            kind,
+            ring,
+        })
+    }
+
+    /// The engine in use.
+    pub fn engine(&self) -> EngineKind {
+        self.kind
+    }
+
+    /// What the socket is.
+    pub fn socket_kind(&self) -> SockKind {
+        self.shared.lock().tx().socket_kind()
+    }
+
+    /// Counters ([`Sender::stats`]).
+    pub fn stats(&self) -> Stats {
+        self.shared.lock().tx().stats()
+    }
+
+    /// Sends `buf` on the connected socket: resolves once the sender accepted it, waiting without
+    /// blocking the thread while the socket or the zero-copy budget is full. The buffer comes
+    /// back later from [`released`](Self::released). An error hands it back.
+    ///
+    /// Cancel-safe: a future dropped before it resolved drops the buffer only if it was not
+    /// accepted (an accepted buffer stays with the sender until the kernel released it).
+    pub async fn send(&self, buf: B) -> Result<(), SendError<B>> {
+        self.send_inner(buf, None).await
+    }
+
+    /// As [`send`](Self::send), to `dest` (datagram sockets).
+    pub async fn send_to(&self, buf: B, dest: impl Into<Destination>) -> Result<(), SendError<B>> {
+        self.send_inner(buf, Some(dest.into())).await
+    }
+
+    async fn send_inner(&self, mut buf: B, dest: Option<Destination>) -> Result<(), SendError<B>> {
+        loop {
+            let notified = self.shared.owner.notified();
+            ::tokio::pin!(notified);
+            // Registered before the attempt, so a wake-up between the attempt and the await is
+            // not lost.
+            notified.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                let tx = st.tx();
+                let res = match dest {
+                    None => tx.try_send(buf),
+                    Some(d) => tx.try_send_to(buf, d),
+                };
+                match res {
+                    Err(SendError::WouldBlock(b)) => buf = b,
+                    other => {
+                        // The driver sleeps when nothing is held; a ring also wants its fresh
+                        // request entered soon.
+                        if other.is_ok() && (st.idle || self.ring) {
+                            st.idle = false;
+                            self.shared.driver.notify_one();
+                        }
+                        return other;
+                    }
+                }
+                if let Some(error) = st.error.take() {
+                    return Err(SendError::Io { buf, error });
+                }
+            }
+            // Handed back: the driver must now wait for what this send needs.
+            self.shared.lock().blocked += 1;
+            self.shared.driver.notify_one();
+            let _unblock = Unblock(&self.shared);
+            notified.await;
+        }
+    }
+
+    /// The next released buffer, in the order they came: waits (without blocking the thread)
+    /// while the kernel holds buffers and none was released; `Ok(None)` once nothing is held and
+    /// every released buffer was taken.
+    pub async fn released(&self) -> io::Result<Option<Released<B>>> {
+        loop {
+            let notified = self.shared.owner.notified();
+            ::tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                if let Some(r) = st.released.pop_front() {
+                    return Ok(Some(r));
+                }
+                if let Some(e) = st.error.take() {
+                    return Err(e);
+                }
+                if st.reap() > 0 {
+                    continue;
+                }
+                if st.tx().in_flight() == 0 {
+                    return Ok(None);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Without waiting: collects what the kernel released and moves every released buffer into
+    /// `out`. Returns how many it moved.
+    pub fn drain_released(&self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
+        let mut st = self.shared.lock();
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        st.reap();
+        let n = st.released.len();
+        out.extend(st.released.drain(..));
+        Ok(n)
+    }
+
+    /// Buffers accepted and not yet taken back (in the kernel, or released and waiting here).
+    pub fn outstanding(&self) -> usize {
+        let mut st = self.shared.lock();
+        st.tx().outstanding() + st.released.len()
+    }
+
+    /// Buffers the kernel (or the engine's queue) still holds.
+    pub fn in_flight(&self) -> usize {
+        self.shared.lock().tx().in_flight()
+    }
+
+    /// Waits until the kernel released every buffer, up to `timeout` ([`Error::TimedOut`] names
+    /// how many are still held). Released buffers wait for [`released`](Self::released).
+    pub async fn flush(&self, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.shared.owner.notified();
+            ::tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut st = self.shared.lock();
+                st.reap();
+                if let Some(source) = st.error.take() {
+                    return Err(Error::Io {
+                        context: "waiting for completions",
+                        source,
+                    });
+                }
+                let held = st.tx().in_flight();
+                if held == 0 {
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    return Err(Error::TimedOut { outstanding: held });
+                }
+            }
+            let _ = ::tokio::time::timeout_at(deadline, notified).await;
+        }
+    }
+
+    /// Flushes for up to `timeout`, then gives up the socket (see [`Sender::close`]): buffers the
+    /// kernel still holds at the deadline are kept (leaked on purpose, counted in
+    /// [`Closed::kept`]), never handed back early; every other buffer, including released ones
+    /// not yet taken, comes back in [`Closed::released`]. The driver task has ended, and the
+    /// duplicate descriptor it waited on is closed, when this returns.
+    pub async fn close(mut self, timeout: Duration) -> Closed<B> {
+        let _ = self.flush(timeout).await;
+        self.shared.lock().leaving = Some(Leave::Now);
+        self.shared.driver.notify_one();
+        if let Some(driver) = self.driver.take() {
+            let _ = driver.await;
+        }
+        let mut st = self.shared.lock();
+        let tx = st.tx.take().expect("present until close");
+        let mut released: Vec<_> = st.released.drain(..).collect();
+        drop(st);
+        // Nothing can be waited for any more: whatever the kernel still holds is kept.
+        let mut closed = tx.close(Duration::ZERO);
+        released.append(&mut closed.released);
+        closed.released = released;
+        closed
+    }
+}
+
+/// Counts a handed-back send as waiting until it retries (or its future is dropped).
+struct Unblock<'a, B: SendBuf>(&'a Shared<B>);
+
+impl<B: SendBuf> Drop for Unblock<'_, B> {
+    fn drop(&mut self) {
+        self.0.lock().blocked -= 1;
+    }
+}
+
+impl<B: SendBuf> Drop for AsyncSender<B> {
+    fn drop(&mut self) {
+        if self.driver.is_none() {
+            return; // closed
+        }
+        // Not here: this may be an executor thread. The driver collects what is still held up to
+        // the deadline, then closes the sender, and ends.
+        self.shared.lock().leaving = Some(Leave::Drain(Instant::now() + DROP_DEADLINE));
+        self.shared.driver.notify_one();
+    }
+}
