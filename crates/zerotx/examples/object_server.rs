@@ -13,7 +13,7 @@
 //! cargo run --release -p zerotx --features tokio --example object_server -- --bench
 //! ```
 //!
-//! Flags: `--listen ADDR`, `--engine copy|msg-zc|uring|uring-zc` (default `msg-zc`), `--threads N`
+//! Flags: `--listen ADDR`, `--engine auto|copy|msg-zc|uring|uring-zc` (default `auto`), `--threads N`
 //! (runtime workers; 0 = current-thread), `--max-size SIZE` (64M), `--chunk SIZE` (256K),
 //! `--write-timeout-ms MS`. Bench: `--bench`, `--engines LIST`, `--clients N`, `--seconds S`,
 //! `--size SIZE`, `--repeat R`. `--bench-black-hole` (root): HTTP cannot reach the black hole (it
@@ -57,7 +57,12 @@ fn parse_args() -> Result<Args, String> {
         cfg: Config::new(Mode::parse(server::DEFAULT_ENGINE)?),
         bench: false,
         black_hole: false,
-        engines: vec!["copy".into(), "msg-zc".into(), "uring-zc".into()],
+        engines: vec![
+            "copy".into(),
+            "auto".into(),
+            "msg-zc".into(),
+            "uring-zc".into(),
+        ],
         clients: 8,
         seconds: 3.0,
         size: 1 << 20,

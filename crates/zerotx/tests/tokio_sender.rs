@@ -209,6 +209,7 @@ fn peer_reset_mid_stream_returns_every_buffer() {
 #[test]
 fn stalled_peer_backpressure_then_reset() {
     for kind in [
+        EngineKind::Auto,
         EngineKind::MsgZerocopy,
         EngineKind::UringZc,
         EngineKind::Copy,
@@ -224,7 +225,10 @@ fn stalled_peer_backpressure_then_reset() {
         // buffers in userspace and one request of `batch` buffers (a bound by count).
         let cfg = zerotx::UringConfig::default();
         let bound = match kind {
-            EngineKind::UringZc | EngineKind::Uring => cfg.queue_limit + cfg.batch + 2,
+            // (auto takes io_uring for TCP here.)
+            EngineKind::UringZc | EngineKind::Uring | EngineKind::Auto => {
+                cfg.queue_limit + cfg.batch + 2
+            }
             _ => 32,
         };
         current_thread().block_on(async {
@@ -455,6 +459,7 @@ fn send_and_release_from_two_tasks() {
 fn waiting_does_not_spin() {
     const IDLE: Duration = Duration::from_millis(500);
     for kind in [
+        EngineKind::Auto,
         EngineKind::Copy,
         EngineKind::MsgZerocopy,
         EngineKind::Uring,

@@ -64,8 +64,9 @@ fn rss_bytes() -> u64 {
     kb * 1024
 }
 
-fn zerotx_modes() -> [Mode; 3] {
+fn zerotx_modes() -> [Mode; 4] {
     [
+        Mode::ZeroTx(EngineKind::Auto),
         Mode::ZeroTx(EngineKind::MsgZerocopy),
         Mode::ZeroTx(EngineKind::Uring),
         Mode::ZeroTx(EngineKind::UringZc),
@@ -291,6 +292,7 @@ fn load_with_slow_vanishing_and_stalled_clients() {
         .build()
         .unwrap();
     for mode in [
+        Mode::ZeroTx(EngineKind::Auto),
         Mode::ZeroTx(EngineKind::MsgZerocopy),
         Mode::ZeroTx(EngineKind::UringZc),
     ] {

@@ -18,7 +18,7 @@ use zerotx::tokio::{thread_ring, AsyncSender};
 use zerotx::{EngineKind, SenderConfig};
 
 /// The engine when `--engine` is not given. Switch to `"auto"` once `EngineKind::Auto` exists.
-pub const DEFAULT_ENGINE: &str = "msg-zc";
+pub const DEFAULT_ENGINE: &str = "auto";
 
 /// How bodies leave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,15 +424,34 @@ async fn connection_zerotx(
     let mut rd = TcpStream::from_std(std.try_clone()?)?;
     let sender_cfg = match kind {
         // One ring per runtime thread, shared by the connections accepted on it.
+        // (auto too: it takes io_uring for TCP where the kernel reports copies, and the shared
+        // ring where it does not fall back to sendmsg(2) on its own.)
         EngineKind::Uring | EngineKind::UringZc => SenderConfig::shared(kind, &thread_ring()?),
+        EngineKind::Auto => match thread_ring() {
+            Ok(ring) => SenderConfig::shared(kind, &ring),
+            Err(_) => SenderConfig::new(kind),
+        },
         _ => SenderConfig::new(kind),
     };
-    let tx: AsyncSender<Bytes> = AsyncSender::with_config(std, sender_cfg)?;
+    let tx: AsyncSender<Bytes> = match AsyncSender::with_config(std.try_clone()?, sender_cfg) {
+        Ok(tx) => tx,
+        // auto on a shared ring is refused where io_uring has no zero-copy sends that report
+        // copies: it takes sendmsg(2) on its own then.
+        Err(_) if kind == EngineKind::Auto => {
+            AsyncSender::with_config(std, SenderConfig::new(kind))?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // What the sender runs on: the engine, and for auto what it chose.
+    let label = match tx.engine() {
+        EngineKind::Auto => format!("auto({})", tx.explain().path),
+        k => k.to_string(),
+    };
     *stats
         .engines
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .entry(tx.engine().to_string())
+        .entry(label)
         .or_default() += 1;
     let result = zerotx_requests(&mut rd, &tx, cfg, &object, stats).await;
     finish(tx, &rd, cfg, stats).await;

@@ -208,6 +208,11 @@ impl<B: SendBuf> AsyncSender<B> {
         self.kind
     }
 
+    /// Why zero-copy is or is not engaged on this socket (see [`Sender::explain`]).
+    pub fn explain(&self) -> crate::Explanation {
+        self.shared.lock().tx().explain()
+    }
+
     /// What the socket is.
     pub fn socket_kind(&self) -> SockKind {
         self.shared.lock().tx().socket_kind()
