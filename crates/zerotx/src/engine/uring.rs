@@ -393,7 +393,8 @@ impl<B: SendBuf> State<B> {
             }
             rec.copy = copy_reason;
             // A byte-stream request carries several buffers as one iovec (as many as half the
-            // locked-memory limit lets two requests pin at once); a fixed-buffer request, a
+            // locked-memory limit lets two requests pin at once, and at most
+            // `MAX_STREAM_REQUEST` bytes); a fixed-buffer request, a
             // message and a datagram carry one.
             while self.merge && !fixed && rec.bufs.len() < self.cfg.batch {
                 let next = match self.queue.front() {
@@ -404,6 +405,9 @@ impl<B: SendBuf> State<B> {
                 };
                 let limit = if zc { self.pin_limit } else { None };
                 if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
+                    break;
+                }
+                if rec.total + next > policy::MAX_STREAM_REQUEST {
                     break;
                 }
                 rec.push(self.queue.pop_front().expect("front exists").0);

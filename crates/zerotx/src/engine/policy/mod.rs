@@ -103,6 +103,13 @@ pub(crate) fn fixed_buffer(len: usize, byte_stream: bool) -> bool {
     !byte_stream || len >= FIXED_STREAM_MIN
 }
 
+/// The most bytes one io_uring byte-stream request gathers from queued buffers (one buffer larger
+/// than this still goes whole). Its buffers come back only when the whole request went, so a
+/// larger request holds them longer than the socket needs them: measured over TCP loopback with
+/// 1 MiB sends, `uring` at 0.80-0.86x of `copy` with 32 buffers per request against 1.06-1.13x
+/// with requests capped at 2 MiB (64 KiB sends, 32 per request, unchanged: 2.2x).
+pub(crate) const MAX_STREAM_REQUEST: usize = 2 << 20;
+
 /// Whether a request that would pin `charge` bytes may grow to it: as much as half the
 /// locked-memory `limit` lets two requests pin at once (`None`: no limit).
 pub(crate) fn batch_fits(charge: usize, limit: Option<usize>) -> bool {
