@@ -59,7 +59,7 @@
 //!
 //! let object = Bytes::from(vec![7u8; 1 << 20]); // shared: each send is a clone, not a copy
 //! let stream = tokio::net::TcpStream::connect("127.0.0.1:9000").await?;
-//! let tx = AsyncSender::from_tcp(stream, EngineKind::MsgZerocopy)?;
+//! let tx = AsyncSender::from_tcp(stream, EngineKind::Auto)?; // zero-copy where it pays
 //! tx.send(object.clone()).await?;           // accepted; waits while the socket is full
 //! while let Some(done) = tx.released().await? {
 //!     println!("{} bytes, zero-copy: {}", done.report.bytes, done.report.path.is_zerocopy());
