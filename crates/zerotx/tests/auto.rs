@@ -42,61 +42,111 @@ fn send_all(tx: &mut Sender<Vec<u8>>, n: usize, size: usize) -> Vec<SendPath> {
     paths
 }
 
-/// On TCP loopback every zero-copy send comes back copied: `auto` must notice within one window
-/// (plus what was in flight) and copy from then on, probing rarely; the byte stream stays intact.
-#[test]
-fn tcp_loopback_settles_on_copy() {
-    for (family, cfg) in configs() {
-        let (client, peer) = tcp_pair(
-            false,
-            Peer {
-                verify: false,
-                ..Peer::default()
-            },
-        );
-        let mut tx = Sender::with_config(client, cfg).unwrap();
-        assert_eq!(tx.explain().path, family);
-        let n = 3000;
-        let paths = send_all(&mut tx, n, 64 * 1024);
-        let stats = tx.stats();
-        let tried = paths
-            .iter()
-            .filter(|p| **p == SendPath::Copied(CopyReason::Kernel))
-            .count();
-        let route = paths
-            .iter()
-            .filter(|p| **p == SendPath::Copied(CopyReason::RouteCopies))
-            .count();
-        // Settled: at most a window plus what a sender can have in flight (io_uring's queue
-        // limit) before the switch, then one probe per PROBE_MIN sends at most.
+/// Sends 3000 buffers of 64 KiB over `client` (to a local peer, where the kernel copies every
+/// zero-copy send) and checks how `auto` settled: `learns` says whether it had to learn it from
+/// a window of COPIED completions (a local address that is not loopback) or knew it from the start
+/// (a loopback peer). Either way it copies from then on, probing rarely, and the stream is whole.
+fn settles_on_copy(
+    family: &str,
+    cfg: SenderConfig,
+    client: std::net::TcpStream,
+    peer: std::thread::JoinHandle<util::Received>,
+    learns: bool,
+) {
+    let mut tx = Sender::with_config(client, cfg).unwrap();
+    assert_eq!(tx.explain().path, family);
+    let n = 3000;
+    let paths = send_all(&mut tx, n, 64 * 1024);
+    let stats = tx.stats();
+    let count = |want: SendPath| paths.iter().filter(|p| **p == want).count();
+    let tried = count(SendPath::Copied(CopyReason::Kernel));
+    let route = count(SendPath::Copied(CopyReason::RouteCopies));
+    // The rest copied at the in-flight cap (before the switch).
+    let budget = count(SendPath::Copied(CopyReason::Budget));
+    assert_eq!(route + budget + tried, n, "{family}: {stats:?}");
+    if learns {
+        // At most a window plus what a sender can have in flight (io_uring's queue limit)
+        // before the switch, then one probe per PROBE_MIN sends at most.
         assert!(
             tried <= 32 + 256 + n / 256,
-            "{family}: {tried} zero-copy attempts: {stats:?}"
+            "{family}: {tried} tried: {stats:?}"
         );
-        // The rest copied for the route, or (before the switch) at the in-flight cap.
-        let budget = paths
-            .iter()
-            .filter(|p| **p == SendPath::Copied(CopyReason::Budget))
-            .count();
-        assert_eq!(route + budget + tried, n, "{family}: {stats:?}");
-        assert!(route >= n - tried - 256, "{family}: {stats:?}");
         assert!(stats.switches_to_copy >= 1, "{family}: {stats:?}");
-        assert_eq!(stats.probes_paid, 0, "{family}: a probe paid on loopback");
-        // The tail of the run is copy, with probes only.
-        let tail_zc = paths[n - 1000..]
-            .iter()
-            .filter(|p| **p == SendPath::Copied(CopyReason::Kernel))
-            .count();
-        assert!(tail_zc <= 1000 / 256 + 1, "{family}: {tail_zc} in the tail");
-        let explained = tx.explain();
-        assert!(!explained.zerocopy, "{family}: {explained}");
+    } else {
+        // Probes only.
+        assert!(tried <= n / 256 + 1, "{family}: {tried} tried: {stats:?}");
+        assert_eq!(stats.switches_to_copy, 0, "{family}: {stats:?}");
         assert!(
-            explained.to_string().contains("zero-copy is OFF"),
-            "{explained}"
+            tx.explain().to_string().contains("loopback"),
+            "{}",
+            tx.explain()
         );
-        drop(tx);
-        assert_eq!(peer.join().unwrap().bytes, n as u64 * 64 * 1024);
     }
+    assert_eq!(
+        stats.probes_paid, 0,
+        "{family}: a probe paid on a local route"
+    );
+    // The tail of the run is copy, with probes only.
+    let tail_zc = paths[n - 1000..]
+        .iter()
+        .filter(|p| **p == SendPath::Copied(CopyReason::Kernel))
+        .count();
+    assert!(tail_zc <= 1000 / 256 + 1, "{family}: {tail_zc} in the tail");
+    let explained = tx.explain();
+    assert!(!explained.zerocopy, "{family}: {explained}");
+    assert!(
+        explained.to_string().contains("zero-copy is OFF"),
+        "{explained}"
+    );
+    drop(tx);
+    assert_eq!(peer.join().unwrap().bytes, n as u64 * 64 * 1024);
+}
+
+/// A loopback peer: the kernel always copies there, and `auto` copies from the first send.
+#[test]
+fn tcp_loopback_copies_from_the_start() {
+    for (family, cfg) in configs() {
+        let (client, peer) = tcp_pair(false, Peer::default());
+        settles_on_copy(family, cfg, client, peer, false);
+    }
+}
+
+/// A local peer on an address that is not loopback (an address of `lo` in the test's own
+/// namespace): the kernel copies on delivery all the same, and `auto` must learn it from the
+/// completions within a window (plus what was in flight) and copy from then on.
+#[test]
+fn tcp_to_a_local_address_learns_to_copy() {
+    if !util::require(
+        util::is_root(),
+        "needs root for a private network namespace",
+    ) {
+        return;
+    }
+    zerotx_testbed::in_new_netns(|| {
+        let ok = std::process::Command::new("ip")
+            .args(["addr", "add", "192.0.2.77/32", "dev", "lo"])
+            .status()
+            .expect("running ip")
+            .success();
+        assert!(ok, "ip addr add");
+        for (family, cfg) in configs() {
+            let listener = std::net::TcpListener::bind("192.0.2.77:0").unwrap();
+            let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let (mut server, _) = listener.accept().unwrap();
+            let peer = std::thread::spawn(move || {
+                let mut r = util::Received::default();
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    match std::io::Read::read(&mut server, &mut buf) {
+                        Ok(0) | Err(_) => return r,
+                        Ok(n) => r.take(&buf[..n], false),
+                    }
+                }
+            });
+            settles_on_copy(family, cfg, client, peer, true);
+        }
+    })
+    .unwrap();
 }
 
 /// Small sends copy on every route, counted as such.

@@ -55,6 +55,33 @@ impl EpochClock {
     }
 }
 
+/// Whether `sock` is connected to a loopback address, where the kernel copies every zero-copy
+/// send on delivery (KERNEL.md).
+fn peer_on_loopback(sock: &Socket) -> bool {
+    socket2::SockRef::from(&sock.fd())
+        .peer_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .is_some_and(|a| match a.ip() {
+            std::net::IpAddr::V4(ip) => ip.is_loopback(),
+            std::net::IpAddr::V6(ip) => {
+                ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+            }
+        })
+}
+
+/// The note and the start for a policy whose peer is on loopback.
+fn local_start(sock: &Socket, policy: &mut AutoPolicy, notes: &mut Vec<String>) {
+    if peer_on_loopback(sock) {
+        policy.start_copying();
+        notes.push(
+            "the peer is on loopback, where the kernel copies every zero-copy send on delivery: \
+             copying from the first send"
+                .into(),
+        );
+    }
+}
+
 /// `net.core.optmem_max` of the calling thread's network namespace.
 fn optmem_max() -> Option<usize> {
     std::fs::read_to_string("/proc/sys/net/core/optmem_max")
@@ -80,12 +107,14 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
             Ok(p) if p.send_zc && p.sendmsg_zc => {
                 let reports = sysu::report_usage();
                 if reports || cfg.ring.is_some() {
-                    let policy = AutoPolicy::new(
+                    let mut policy = AutoPolicy::new(
                         Thresholds::new(Family::Uring, byte_stream),
                         Caps::derive(None, memlock),
                         cfg.at_cap,
                         reports,
                     );
+                    let mut local = Vec::new();
+                    local_start(sock, &mut policy, &mut local);
                     match UringEngine::with_policy(
                         sock,
                         true,
@@ -99,6 +128,7 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
                                  it copied them, and io_uring sends many buffers per system call"
                                     .into(),
                             );
+                            notes.append(&mut local);
                             if !reports {
                                 notes.push(
                                     "this kernel's io_uring does not say whether it copied \
@@ -143,13 +173,14 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
     }
     match sock.enable_zerocopy(cfg.zerocopy_first_id) {
         Ok(first_id) => {
-            let policy = AutoPolicy::new(
+            let mut policy = AutoPolicy::new(
                 Thresholds::new(Family::Syscall, byte_stream),
                 Caps::derive(optmem_max(), memlock),
                 cfg.at_cap,
                 true,
             );
             notes.push("sendmsg(2) with MSG_ZEROCOPY where it pays".into());
+            local_start(sock, &mut policy, &mut notes);
             Ok(Built {
                 engine: Box::new(SendmsgEngine::with_policy(
                     sock,

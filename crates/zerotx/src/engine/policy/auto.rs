@@ -27,7 +27,8 @@
 //!    of a window of [`WINDOW`] come back copied, the sender copies
 //!    ([`CopyReason::RouteCopies`]) and sends one *probe* zero-copy now and then: first after
 //!    [`PROBE_MIN`] sends, doubling after each probe that comes back copied, up to
-//!    [`PROBE_MAX`]. A probe that comes back not copied returns the sender to zero-copy; a clean
+//!    [`PROBE_MAX`] (a peer on loopback starts here: the kernel copies every zero-copy send
+//!    delivered locally). A probe that comes back not copied returns the sender to zero-copy; a clean
 //!    window (nothing copied) resets the backoff. So a route that always copies costs one probe in
 //!    [`PROBE_MAX`] sends, and a route that starts paying gets zero-copy back within
 //!    [`PROBE_MAX`] sends (plus what was in flight).
@@ -453,6 +454,17 @@ impl AutoPolicy {
     /// How many times the tuner moved the threshold, and the default it started from.
     pub(crate) fn tuned(&self) -> (u32, usize) {
         (self.tuner.moves, self.tuner.start)
+    }
+
+    /// The route is known to copy before any send (the peer is on loopback, where the kernel
+    /// copies every zero-copy send on delivery): start as if a window had said so, probing after
+    /// [`PROBE_MIN`] sends like any route that copies.
+    pub(crate) fn start_copying(&mut self) {
+        if self.reports_copies {
+            self.mode = Mode::Copying {
+                countdown: self.probe_gap(),
+            };
+        }
     }
 
     /// A probe ended without a release that says how it went (its send failed): probe again
