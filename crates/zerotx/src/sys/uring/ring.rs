@@ -30,7 +30,7 @@
 //!   submit.
 //! - **Never spin.** Pushing into a full SQ enters the kernel once; if the SQ is still full the
 //!   request is handed back and the caller tries again at its next progress.
-//! - **Registered files.** The ring registers a sparse table of [`FILE_SLOTS`] files
+//! - **Registered files** (off for now: see [`FILE_SLOTS`]). The ring registers a sparse table of [`FILE_SLOTS`] files
 //!   (`IORING_REGISTER_FILES2`, 5.19); an owner that joins with a descriptor gets the slot of its
 //!   id when there is one (`IORING_REGISTER_FILES_UPDATE`), and its requests name that slot
 //!   (`IOSQE_FIXED_FILE`): the kernel skips a descriptor lookup (`fget`/`fput`) per request, and
@@ -64,7 +64,13 @@ pub(crate) const MAX_REGISTERED: usize = 1 << 30;
 /// Rounds of "drain the CQ, then flush what overflowed into it" per reap.
 const FLUSH_ROUNDS: usize = 4;
 /// Registered file slots per ring: owners with a smaller id name their socket by slot.
-pub(crate) const FILE_SLOTS: u32 = 64;
+///
+/// **Off (0) for now.** With 64 slots, one run of the Debian 6.12 guest's slow-reader integrity
+/// check over TCP (`uring-zc` with a registered pool) timed out after 40 s with every buffer
+/// back: the only unbounded wait left there is the peer waiting for EOF after the sender closed,
+/// and the file table is a new holder of the socket. Not reproduced in 300 runs on 6.18. The
+/// slots saved about 1% of samples at 1472 B; they stay off until the guest says why.
+pub(crate) const FILE_SLOTS: u32 = 0;
 
 /// One completion queue entry, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,9 +168,12 @@ impl Ring {
             .setup_cqsize(entries.saturating_mul(2))
             .build(entries)?;
         // Registered files are a saving, not a need: without the table, requests name descriptors.
-        let file_slots = match ring.submitter().register_files_sparse(FILE_SLOTS) {
-            Ok(()) => FILE_SLOTS,
-            Err(_) => 0,
+        let file_slots = match FILE_SLOTS {
+            0 => 0,
+            n => match ring.submitter().register_files_sparse(n) {
+                Ok(()) => n,
+                Err(_) => 0,
+            },
         };
         Ok(Self {
             ring,
@@ -676,6 +685,7 @@ mod tests {
     /// socket, only once no SQE can name it: an SQE still unsubmitted when its owner leaves goes to
     /// the owner's socket (not `EBADF`, not the newcomer's socket).
     #[test]
+    #[ignore = "registered file slots are off (FILE_SLOTS = 0): see its docs"]
     fn a_file_slot_outlives_the_sqes_that_name_it() {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut ring = Ring::new(8, 8).unwrap();
