@@ -66,10 +66,11 @@ const FLUSH_ROUNDS: usize = 4;
 /// Registered file slots per ring: owners with a smaller id name their socket by slot.
 ///
 /// **Off (0) for now.** With 64 slots, one run of the Debian 6.12 guest's slow-reader integrity
-/// check over TCP (`uring-zc` with a registered pool) timed out after 40 s with every buffer
-/// back: the only unbounded wait left there is the peer waiting for EOF after the sender closed,
-/// and the file table is a new holder of the socket. Not reproduced in 300 runs on 6.18. The
-/// slots saved about 1% of samples at 1472 B; they stay off until the guest says why.
+/// check over TCP (`uring-zc` with a registered pool) timed out after 40 s (it takes a few
+/// seconds; its own waits fail after 20 s, so this was either the peer waiting for EOF after the
+/// sender closed, where the file table is a new holder of the socket, or many slow releases).
+/// Not reproduced in 300 runs on 6.18 under CPU load. The slots saved about 1% of samples at
+/// 1472 B; they stay off until the guest says why.
 pub(crate) const FILE_SLOTS: u32 = 0;
 
 /// One completion queue entry, decoded.
