@@ -119,8 +119,8 @@ impl SharedRing {
 ///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back (a
 ///   zero-copy request that already sent keeps its slot until its notification, when the kernel
 ///   lets go of the pages: with a peer that never reads, until the connection ends). Its SQEs
-///   name the socket through a registered file slot of the ring (the first 64 senders at once;
-///   cleared only once no unsubmitted SQE can name it) or through the sender's own duplicate of
+///   name the socket through a registered file slot of the ring (when `FILE_SLOTS` allows, off for
+///   now; cleared only once no unsubmitted SQE can name it) or through the sender's own duplicate of
 ///   the descriptor, closed only once no unsubmitted SQE can name it (leaked if `io_uring_enter`
 ///   failed), so the caller's descriptor number can be reused at once without a stale request
 ///   reaching the new socket. The buffers
