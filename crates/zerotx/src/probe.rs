@@ -215,9 +215,7 @@ pub fn probe() -> ProbeReport {
         sockets,
         vsock_transport: sys::vsock_local_cid().is_ok(),
         io_uring,
-        optmem_max: std::fs::read_to_string("/proc/sys/net/core/optmem_max")
-            .ok()
-            .and_then(|s| s.trim().parse().ok()),
+        optmem_max: sys::optmem_max(),
         memlock_soft,
         cap_ipc_lock: has_cap_ipc_lock(),
         loopback: LoopbackCheck {

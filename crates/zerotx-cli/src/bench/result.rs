@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use super::Engine;
+
 /// Each zerotx engine and the minimal sender it is judged against (issue 8's acceptance).
 pub const BASELINE_PAIRS: [(&str, &str); 4] = [
     ("copy", "raw-copy"),
@@ -219,7 +221,9 @@ impl TopologyResult {
         self.engines
             .iter()
             .filter(|e| {
-                ["copy", "msg-zc", "uring", "uring-zc", "uring-zc-fixed"].contains(&e.as_str())
+                Engine::ZEROTX
+                    .iter()
+                    .any(|z| *z != Engine::Auto && z.name() == e.as_str())
             })
             .filter_map(|e| Some((e.as_str(), self.mb_s(e, size)?)))
             .max_by(|a, b| a.1.total_cmp(&b.1))

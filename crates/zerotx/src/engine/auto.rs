@@ -82,15 +82,6 @@ fn local_start(sock: &Socket, policy: &mut AutoPolicy, notes: &mut Vec<String>) 
     }
 }
 
-/// `net.core.optmem_max` of the calling thread's network namespace.
-fn optmem_max() -> Option<usize> {
-    std::fs::read_to_string("/proc/sys/net/core/optmem_max")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// The `auto` engine for `sock`.
 pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Built<B>, Error> {
     let k = sock.kind;
@@ -175,7 +166,7 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
         Ok(first_id) => {
             let mut policy = AutoPolicy::new(
                 Thresholds::new(Family::Syscall, byte_stream),
-                Caps::derive(optmem_max(), memlock),
+                Caps::derive(crate::sys::optmem_max().map(|m| m as usize), memlock),
                 cfg.at_cap,
                 true,
             );

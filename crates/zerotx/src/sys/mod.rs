@@ -239,6 +239,15 @@ pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result
     Ok(pfd.revents)
 }
 
+/// `net.core.optmem_max` of the calling thread's network namespace, bytes; `None` if unreadable.
+pub fn optmem_max() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/net/core/optmem_max")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: CPU time the calling thread has used, nanoseconds
 /// (0 if the clock cannot be read, which `auto`'s tuner treats as no measurement).
 pub fn thread_cpu_ns() -> u64 {
