@@ -7,6 +7,7 @@ mod bench;
 mod export;
 mod options;
 mod probe;
+mod transfer;
 
 use clap::Parser;
 
@@ -22,6 +23,8 @@ fn run() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        options::Command::Send(args) => transfer::send::run(*args),
+        options::Command::Recv(args) => transfer::recv::run(*args),
     }
 }
 

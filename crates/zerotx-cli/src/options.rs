@@ -36,6 +36,109 @@ pub enum Command {
         #[arg(long)]
         explain: bool,
     },
+    /// Send generated data or a file to ADDR, iperf3-style, through the zero-copy engines.
+    Send(Box<SendArgs>),
+    /// Receive what `zerotx send` (or anything else) sends: throughput per interval, `--verify`,
+    /// `--output`.
+    Recv(Box<RecvArgs>),
+}
+
+/// How `--file` goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FileVia {
+    /// `sendfile(2)` on stream sockets (page cache straight to the socket: measured fastest on
+    /// TCP); the file mapped into memory and sent by the engine otherwise.
+    Auto,
+    /// `sendfile(2)`: the kernel moves page-cache pages to the socket, no engine involved.
+    Sendfile,
+    /// The file mapped into memory (`mmap`), its pages sent by `--engine` (zero-copy where it
+    /// pays).
+    Mmap,
+}
+
+/// `zerotx send` flags.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "A file that changes while it is being sent is the caller's problem: \
+    with --file-via mmap or sendfile the kernel reads the file's pages when it transmits them, \
+    so a writer racing the transfer changes what the receiver gets (a file truncated under a \
+    mapping ends the transfer with an error)."
+)]
+pub struct SendArgs {
+    /// Where to send: HOST:PORT, [IPV6]:PORT, HOST (port 5201) or vsock:CID:PORT.
+    pub addr: String,
+    /// UDP datagrams of --size bytes instead of a TCP stream.
+    #[arg(long)]
+    pub udp: bool,
+    /// Send this many bytes of generated data (K, M, G suffixes), then stop.
+    #[arg(long, value_name = "N", conflicts_with = "time")]
+    pub bytes: Option<String>,
+    /// Send for this many seconds [default: 10, unless --bytes or --file]; with --file, the file
+    /// again and again until the time is up (a benchmark: the receiver gets the file repeated).
+    #[arg(long, value_name = "SECS")]
+    pub time: Option<f64>,
+    /// Send this file (once, unless --time).
+    #[arg(long, value_name = "PATH")]
+    pub file: Option<PathBuf>,
+    /// How the file goes out.
+    #[arg(long, value_enum, default_value_t = FileVia::Auto, requires = "file")]
+    pub file_via: FileVia,
+    /// Engine: auto, copy, msg-zc, uring, uring-zc.
+    #[arg(long, default_value = "auto")]
+    pub engine: String,
+    /// Bytes per send (K, M suffixes) [default: 256K for TCP, 1472 for UDP].
+    #[arg(long, value_name = "BYTES")]
+    pub size: Option<String>,
+    /// Parallel streams (connections or UDP sockets), each from its own thread.
+    #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
+    pub parallel: usize,
+    /// Cap the rate in bits per second across all streams (K, M, G suffixes, 1000-based)
+    /// [default: unlimited].
+    #[arg(long, short = 'b', value_name = "RATE")]
+    pub bitrate: Option<String>,
+    /// Seconds between interval lines; 0 for none.
+    #[arg(long, short = 'i', value_name = "SECS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// Print one JSON document at the end (iperf3's start/intervals/end, with zero-copy fields).
+    #[arg(long)]
+    pub json: bool,
+    /// Give up connecting after this many seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    pub connect_timeout: f64,
+    /// After the last byte, wait this long for the kernel to release every buffer and for the
+    /// receiver to read everything, then fail.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub linger: f64,
+}
+
+/// `zerotx recv` flags.
+#[derive(Debug, Args)]
+pub struct RecvArgs {
+    /// Where to listen: PORT, HOST:PORT, [IPV6]:PORT, vsock:PORT or vsock:CID:PORT.
+    #[arg(long, short = 'l', value_name = "ADDR", default_value = "5201")]
+    pub listen: String,
+    /// Receive UDP datagrams instead of TCP connections.
+    #[arg(long)]
+    pub udp: bool,
+    /// Check that what arrives is `zerotx send`'s generated stream; exit non-zero at the first
+    /// wrong byte (UDP: count datagrams lost or out of order).
+    #[arg(long)]
+    pub verify: bool,
+    /// Write what arrives to FILE (one transfer at a time; each replaces the last).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Exit after one transfer.
+    #[arg(long, short = '1')]
+    pub once: bool,
+    /// Seconds between interval lines; 0 for none.
+    #[arg(long, short = 'i', value_name = "SECS", default_value_t = 1.0)]
+    pub interval: f64,
+    /// UDP: a transfer ends after this many seconds without a datagram.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub idle: f64,
+    /// Print one JSON document per transfer (iperf3's start/intervals/end).
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `zerotx bench` flags.
@@ -283,7 +386,7 @@ mod tests {
         let cli = Cli::try_parse_from(["zerotx", "bench"].iter().chain(args))?;
         match cli.command {
             Command::Bench(b) => b.check(),
-            Command::Probe { .. } => unreachable!(),
+            _ => unreachable!(),
         }
     }
 
