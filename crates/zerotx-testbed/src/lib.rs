@@ -172,26 +172,33 @@ fn unshare_netns() -> io::Result<()> {
     Ok(())
 }
 
+/// `getrusage(who)`: (user, system) CPU time.
+fn rusage(who: libc::c_int) -> (Duration, Duration) {
+    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { mem::zeroed() };
+    // Cannot fail for RUSAGE_SELF or RUSAGE_CHILDREN with a valid pointer.
+    let _ = syscall!(getrusage(who, &mut ru));
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
 /// `getrusage(RUSAGE_SELF)`: user + system CPU time of the whole process, including io_uring's
 /// worker threads (they belong to the process).
 pub fn process_cpu_time() -> Duration {
-    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
-    let mut ru: libc::rusage = unsafe { mem::zeroed() };
-    // Cannot fail for RUSAGE_SELF with a valid pointer.
-    let _ = syscall!(getrusage(libc::RUSAGE_SELF, &mut ru));
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    let (user, system) = process_cpu_split();
+    user + system
+}
+
+/// `getrusage(RUSAGE_SELF)`: user and system CPU time of the whole process, apart.
+pub fn process_cpu_split() -> (Duration, Duration) {
+    rusage(libc::RUSAGE_SELF)
 }
 
 /// `getrusage(RUSAGE_CHILDREN)`: user + system CPU time of the child processes that ended and
 /// were waited for (a benchmark's baseline programs run as children).
 pub fn children_cpu_time() -> Duration {
-    // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
-    let mut ru: libc::rusage = unsafe { mem::zeroed() };
-    // Cannot fail for RUSAGE_CHILDREN with a valid pointer.
-    let _ = syscall!(getrusage(libc::RUSAGE_CHILDREN, &mut ru));
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    let (user, system) = rusage(libc::RUSAGE_CHILDREN);
+    user + system
 }
 
 /// The size in bytes of CPU 0's L2 cache, from sysfs.

@@ -545,21 +545,37 @@ impl<B: SendBuf> Sender<B> {
     /// Sends `buf` on the connected socket, waiting while the socket or the kernel's zero-copy
     /// budget is full. Released buffers wait in the sender for [`reap`](Self::reap).
     pub fn send(&mut self, buf: B) -> Result<(), SendError<B>> {
-        self.send_blocking(buf, None)
+        self.send_blocking(buf, None, None)
+    }
+
+    /// As [`send`](Self::send), waiting at most `timeout`: at the deadline the buffer comes back
+    /// in [`SendError::WouldBlock`] (the peer is not reading, or the zero-copy budget stays
+    /// full). For a loop that must stop on time or notice a stalled peer.
+    pub fn send_timeout(&mut self, buf: B, timeout: Duration) -> Result<(), SendError<B>> {
+        self.send_blocking(buf, None, Some(Instant::now() + timeout))
     }
 
     /// As [`send`](Self::send), to `dest` (datagram sockets): a `SocketAddr` or a
     /// [`VsockAddr`].
     pub fn send_to(&mut self, buf: B, dest: impl Into<Destination>) -> Result<(), SendError<B>> {
-        self.send_blocking(buf, Some(dest.into().into()))
+        self.send_blocking(buf, Some(dest.into().into()), None)
     }
 
-    fn send_blocking(&mut self, mut buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {
+    fn send_blocking(
+        &mut self,
+        mut buf: B,
+        dest: Option<SockAddr>,
+        deadline: Option<Instant>,
+    ) -> Result<(), SendError<B>> {
         loop {
             match self.submit(buf, dest.clone()) {
                 Err(SendError::WouldBlock(b)) => {
                     buf = b;
-                    if let Err(error) = self.wait(None, true) {
+                    let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                    if left.is_some_and(|l| l.is_zero()) {
+                        return Err(SendError::WouldBlock(buf));
+                    }
+                    if let Err(error) = self.wait(left, true) {
                         return Err(SendError::Io { buf, error });
                     }
                 }

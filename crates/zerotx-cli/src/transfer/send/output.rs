@@ -1,0 +1,546 @@
+//! What `zerotx send` prints: iperf3's lines with a zero-copy column, its totals with what the
+//! engine did and why, and with `--json` one document in iperf3's shape (start, intervals, end)
+//! with `zerotx` objects added.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Value};
+
+use super::plan::{Conn, Plan, Source};
+use super::stream::{ByPath, Counters, End};
+use crate::transfer::{bitrate, fmt_bytes, interval_line, Proto};
+
+/// What the progress bar counts to.
+#[derive(Debug, Clone, Copy)]
+pub enum Goal {
+    /// Bytes in all.
+    Bytes(u64),
+    /// A duration.
+    Time(Duration),
+}
+
+/// A progress bar on standard error.
+pub fn bar(goal: Goal) -> ProgressBar {
+    let (len, template) = match goal {
+        Goal::Bytes(b) => (
+            b,
+            "{spinner} [{elapsed_precise}] [{wide_bar}] {bytes}/{total_bytes} {msg}",
+        ),
+        Goal::Time(t) => (
+            t.as_millis() as u64,
+            "{spinner} [{elapsed_precise}] [{wide_bar}] {msg}",
+        ),
+    };
+    let b = ProgressBar::new(len);
+    b.set_style(
+        ProgressStyle::with_template(template)
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    b
+}
+
+/// Moves the bar.
+pub fn tick(bar: &ProgressBar, goal: Goal, counters: &[Arc<Counters>], elapsed: Duration) {
+    let bytes: u64 = counters
+        .iter()
+        .map(|c| c.bytes.load(Ordering::Relaxed))
+        .sum();
+    match goal {
+        Goal::Bytes(_) => bar.set_position(bytes),
+        Goal::Time(_) => bar.set_position(elapsed.as_millis() as u64),
+    }
+    bar.set_message(format!(
+        "{} sent, {}",
+        fmt_bytes(bytes),
+        crate::transfer::fmt_bitrate(bitrate(bytes, elapsed.as_secs_f64()))
+    ));
+}
+
+const HEADER: &str = "[ ID] Interval           Transfer     Bitrate         Zero-copy";
+const RULE: &str = "- - - - - - - - - - - - - - - - - - - - - - - - -";
+
+/// The printer, and the JSON document in the making.
+pub struct Output {
+    json: bool,
+    ids: Vec<String>,
+    prev: Vec<(u64, u64)>,
+    prev_t: Duration,
+    intervals: Vec<Value>,
+    start: Value,
+    proto: Proto,
+    engine: zerotx::EngineKind,
+    file: Option<(String, &'static str)>,
+}
+
+fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "    -".into()
+    } else {
+        format!("{:>4}%", part * 100 / whole)
+    }
+}
+
+impl Output {
+    /// Prints the connections (text) or keeps them for the document.
+    pub fn new(plan: &Plan, conns: &[Conn]) -> Self {
+        let ids: Vec<String> = (0..conns.len()).map(|i| (5 + i).to_string()).collect();
+        let (host, port) = match plan.endpoints[0] {
+            crate::transfer::Endpoint::Ip(a) => (a.ip().to_string(), u64::from(a.port())),
+            crate::transfer::Endpoint::Vsock { cid, port } => {
+                (format!("vsock:{cid}"), u64::from(port))
+            }
+        };
+        let file = match &plan.source {
+            Source::File { path, via, .. } => Some((path.display().to_string(), via.name())),
+            Source::Generated { .. } => None,
+        };
+        if !plan.json {
+            println!("Connecting to host {host}, port {port}");
+            for (id, c) in ids.iter().zip(conns) {
+                println!("[{id:>3}] local {} connected to {}", c.local, c.remote);
+            }
+            if let Some((path, via)) = &file {
+                println!("Sending {path} with {}", via_words(via));
+            }
+            println!("{HEADER}");
+        }
+        let (secs, bytes) = match (&plan.source, plan.time) {
+            (_, Some(t)) => (t.as_secs_f64(), 0),
+            (Source::Generated { bytes: Some(b) }, None) => (0.0, *b),
+            (Source::File { len, .. }, None) => (0.0, *len),
+            _ => (0.0, 0),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
+        let start = json!({
+            "connected": ids.iter().zip(conns).map(|(id, c)| json!({
+                "socket": id.parse::<u64>().unwrap_or(0),
+                "local": c.local,
+                "remote": c.remote,
+            })).collect::<Vec<_>>(),
+            "version": format!("zerotx {}", env!("CARGO_PKG_VERSION")),
+            "system_info": system_info(),
+            "timestamp": { "time": http_date(now), "timesecs": now },
+            "connecting_to": { "host": host, "port": port },
+            "test_start": {
+                "protocol": plan.proto.name(),
+                "num_streams": conns.len(),
+                "blksize": plan.size,
+                "omit": 0,
+                "duration": secs,
+                "bytes": bytes,
+                "blocks": 0,
+                "reverse": 0,
+                "target_bitrate": plan.rate.map_or(0, |r| (r * 8.0) as u64),
+            },
+            "zerotx": {
+                "engine": plan.engine.name(),
+                "file": file.as_ref().map(|f| f.0.clone()),
+                "file_via": file.as_ref().map(|f| f.1),
+            },
+        });
+        Self {
+            json: plan.json,
+            prev: vec![(0, 0); ids.len()],
+            ids,
+            prev_t: Duration::ZERO,
+            intervals: Vec::new(),
+            start,
+            proto: plan.proto,
+            engine: plan.engine,
+            file,
+        }
+    }
+
+    /// One interval, from the last one's end to `now` (since the start).
+    pub fn interval(
+        &mut self,
+        counters: &[Arc<Counters>],
+        now: Duration,
+        bar: Option<&ProgressBar>,
+    ) {
+        let cur: Vec<(u64, u64)> = counters
+            .iter()
+            .map(|c| {
+                (
+                    c.bytes.load(Ordering::Relaxed),
+                    c.zerocopy.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        self.emit(&cur, now, bar);
+    }
+
+    /// The last, partial interval, up to the last stream's end, when it is long enough to say
+    /// something (iperf3 drops the ones shorter than a tenth of a second too).
+    pub fn last_interval(&mut self, counters: &[Arc<Counters>], start: Instant, ends: &[End]) {
+        let t = ends
+            .iter()
+            .map(|e| e.finished.saturating_duration_since(start))
+            .max()
+            .unwrap_or_default();
+        if t.saturating_sub(self.prev_t) >= Duration::from_millis(100) {
+            let cur: Vec<(u64, u64)> = ends
+                .iter()
+                .map(|e| (e.bytes, e.by_path.zerocopy + e.by_path.sendfile))
+                .collect();
+            self.emit(&cur, t, None);
+        }
+        let _ = counters;
+    }
+
+    fn emit(&mut self, cur: &[(u64, u64)], now: Duration, bar: Option<&ProgressBar>) {
+        let from = self.prev_t;
+        let secs = (now - from).as_secs_f64();
+        let mut streams = Vec::new();
+        let mut lines = Vec::new();
+        let (mut sum_b, mut sum_z) = (0, 0);
+        for (i, (&(b, z), &(pb, pz))) in cur.iter().zip(&self.prev).enumerate() {
+            let (db, dz) = (b.saturating_sub(pb), z.saturating_sub(pz));
+            sum_b += db;
+            sum_z += dz;
+            lines.push(interval_line(
+                &self.ids[i],
+                from,
+                now,
+                db,
+                &format!("  {}", pct(dz, db)),
+            ));
+            streams.push(json!({
+                "socket": self.ids[i].parse::<u64>().unwrap_or(0),
+                "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
+                "bytes": db, "bits_per_second": bitrate(db, secs),
+                "omitted": false, "sender": true, "zerocopy_bytes": dz,
+            }));
+        }
+        if cur.len() > 1 {
+            lines.push(interval_line(
+                "SUM",
+                from,
+                now,
+                sum_b,
+                &format!("  {}", pct(sum_z, sum_b)),
+            ));
+        }
+        self.intervals.push(json!({
+            "streams": streams,
+            "sum": {
+                "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
+                "bytes": sum_b, "bits_per_second": bitrate(sum_b, secs),
+                "omitted": false, "sender": true, "zerocopy_bytes": sum_z,
+            },
+        }));
+        if !self.json {
+            let print = || lines.iter().for_each(|l| println!("{l}"));
+            match bar {
+                Some(b) => b.suspend(print),
+                None => print(),
+            }
+        }
+        self.prev = cur.to_vec();
+        self.prev_t = now;
+    }
+
+    /// The totals, what the engine did, CPU; the JSON document. Fails with the first stream's
+    /// error, after printing everything that is known.
+    pub fn finish(
+        self,
+        start: Instant,
+        ends: &[End],
+        cpu: (Duration, Duration),
+    ) -> anyhow::Result<()> {
+        let mut by_path = ByPath::default();
+        let mut stream_docs = Vec::new();
+        let mut text = vec![RULE.to_string(), HEADER.to_string()];
+        let (mut sum, mut sum_end, mut all_confirmed, mut sum_conf) =
+            (0u64, Duration::ZERO, true, Duration::ZERO);
+        for (id, e) in self.ids.iter().zip(ends) {
+            by_path.merge(&e.by_path);
+            sum += e.bytes;
+            let t = e.finished.saturating_duration_since(start);
+            sum_end = sum_end.max(t);
+            let zc = e.by_path.zerocopy + e.by_path.sendfile;
+            text.push(interval_line(
+                id,
+                Duration::ZERO,
+                t,
+                e.bytes,
+                &format!("  {}  sender", pct(zc, e.bytes)),
+            ));
+            let side = |t: Duration, sender: bool| {
+                json!({
+                    "socket": id.parse::<u64>().unwrap_or(0),
+                    "start": 0.0, "end": t.as_secs_f64(), "seconds": t.as_secs_f64(),
+                    "bytes": e.bytes, "bits_per_second": bitrate(e.bytes, t.as_secs_f64()),
+                    "sender": sender,
+                })
+            };
+            let mut doc = json!({ "sender": side(t, true) });
+            match e.confirmed {
+                Some(c) => {
+                    let tc = c.saturating_duration_since(start);
+                    sum_conf = sum_conf.max(tc);
+                    text.push(interval_line(
+                        id,
+                        Duration::ZERO,
+                        tc,
+                        e.bytes,
+                        "         receiver (read to the end, then closed)",
+                    ));
+                    doc["receiver"] = side(tc, false);
+                }
+                None => all_confirmed = false,
+            }
+            doc["zerotx"] = json!({
+                "via": e.via,
+                "bytes_by_path": e.by_path,
+                "unconfirmed": e.unconfirmed,
+                "error": e.error.as_ref().map(|x| format!("{x:#}")),
+            });
+            stream_docs.push(doc);
+        }
+        if self.ids.len() > 1 {
+            let zc = by_path.zerocopy + by_path.sendfile;
+            text.push(interval_line(
+                "SUM",
+                Duration::ZERO,
+                sum_end,
+                sum,
+                &format!("  {}  sender", pct(zc, sum)),
+            ));
+            if all_confirmed {
+                text.push(interval_line(
+                    "SUM",
+                    Duration::ZERO,
+                    sum_conf,
+                    sum,
+                    "         receiver",
+                ));
+            }
+        }
+        // What the engine did, and why.
+        let explain = ends.iter().find_map(|e| e.explain.clone());
+        let stats =
+            ends.iter()
+                .filter_map(|e| e.stats)
+                .fold(None, |acc: Option<zerotx::Stats>, s| {
+                    Some(match acc {
+                        None => s,
+                        Some(mut a) => {
+                            a.sends += s.sends;
+                            a.syscalls += s.syscalls;
+                            a.fallbacks += s.fallbacks;
+                            a.enobufs += s.enobufs;
+                            a.probes += s.probes;
+                            a.probes_paid += s.probes_paid;
+                            a.switches_to_copy += s.switches_to_copy;
+                            a
+                        }
+                    })
+                });
+        if let Some((_, via)) = &self.file {
+            if *via == "sendfile" && by_path.sendfile == 0 && sum > 0 {
+                text.push("file: sendfile(2) was refused by this socket: sent mapped pages through the engine instead".into());
+            }
+        }
+        if by_path.sendfile > 0 {
+            text.push(format!(
+                "sendfile: {} straight from the page cache (no copy on this side; no completion \
+                 to wait for)",
+                fmt_bytes(by_path.sendfile)
+            ));
+        }
+        if by_path.zerocopy + by_path.copied() > 0 {
+            let mut why = Vec::new();
+            for (n, what) in [
+                (by_path.copied_kernel, "the kernel copied zero-copy sends"),
+                (by_path.copied_route, "auto: the route copies"),
+                (by_path.copied_small, "auto: too small to pay"),
+                (by_path.copied_budget, "auto: zero-copy budget full"),
+                (by_path.copied_fallback, "ENOBUFS fallback"),
+                (by_path.copied_engine, "copy engine"),
+            ] {
+                if n > 0 {
+                    why.push(format!("{what}: {}", fmt_bytes(n)));
+                }
+            }
+            text.push(format!(
+                "zero-copy: {} sent zero-copy, {} copied{}",
+                fmt_bytes(by_path.zerocopy),
+                fmt_bytes(by_path.copied()),
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", why.join("; "))
+                }
+            ));
+        }
+        if let Some(x) = &explain {
+            text.extend(x.to_string().lines().map(str::to_string));
+        }
+        let wall = ends
+            .iter()
+            .map(|e| e.confirmed.unwrap_or(e.finished))
+            .max()
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(start));
+        let cpu_total = cpu.0 + cpu.1;
+        let gb = sum as f64 / 1e9;
+        let per_gb = if gb > 0.0 {
+            cpu_total.as_secs_f64() / gb
+        } else {
+            0.0
+        };
+        let share = |d: Duration| {
+            if wall.is_zero() {
+                0.0
+            } else {
+                d.as_secs_f64() / wall.as_secs_f64() * 100.0
+            }
+        };
+        text.extend((wall >= Duration::from_millis(100)).then(|| format!(
+            "CPU (this process): {:.2} s ({:.1}% of {:.2} s; user {:.2} s, system {:.2} s), {:.3} s \
+             per GB sent",
+            cpu_total.as_secs_f64(),
+            share(cpu_total),
+            wall.as_secs_f64(),
+            cpu.0.as_secs_f64(),
+            cpu.1.as_secs_f64(),
+            per_gb
+        )));
+        for (id, e) in self.ids.iter().zip(ends) {
+            if let Some(u) = &e.unconfirmed {
+                text.push(format!("[{id:>3}] note: {u}"));
+            }
+        }
+        let side_sum = |t: Duration, sender: bool| {
+            json!({
+                "start": 0.0, "end": t.as_secs_f64(), "seconds": t.as_secs_f64(),
+                "bytes": sum, "bits_per_second": bitrate(sum, t.as_secs_f64()), "sender": sender,
+            })
+        };
+        let mut end = json!({
+            "streams": stream_docs,
+            "sum_sent": side_sum(sum_end, true),
+            "cpu_utilization_percent": {
+                "host_total": share(cpu_total),
+                "host_user": share(cpu.0),
+                "host_system": share(cpu.1),
+            },
+            "zerotx": {
+                "engine": self.engine.name(),
+                "protocol": self.proto.name(),
+                "path": explain.as_ref().map(|x| x.path),
+                "zerocopy_engaged": explain.as_ref().map(|x| x.zerocopy),
+                "explain": explain.as_ref().map(|x| x.lines.clone()),
+                "bytes_zerocopy": by_path.zerocopy,
+                "bytes_sendfile": by_path.sendfile,
+                "bytes_copied": by_path.copied(),
+                "bytes_by_path": by_path,
+                "fallbacks": stats.map(|s| s.fallbacks),
+                "enobufs": stats.map(|s| s.enobufs),
+                "probes": stats.map(|s| s.probes),
+                "switches_to_copy": stats.map(|s| s.switches_to_copy),
+                "sends": stats.map(|s| s.sends),
+                "syscalls": stats.map(|s| s.syscalls),
+                "cpu_seconds": cpu_total.as_secs_f64(),
+                "cpu_seconds_per_gb": per_gb,
+                "receiver_confirmed": all_confirmed,
+            },
+        });
+        if all_confirmed {
+            end["sum_received"] = side_sum(sum_conf, false);
+        }
+        let error = ends.iter().find_map(|e| e.error.as_ref());
+        if self.json {
+            let mut doc = json!({ "start": self.start, "intervals": self.intervals, "end": end });
+            if let Some(e) = error {
+                doc["error"] = json!(format!("{e:#}"));
+            }
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        } else {
+            text.iter().for_each(|l| println!("{l}"));
+        }
+        match error {
+            Some(e) => {
+                let (i, _) = ends
+                    .iter()
+                    .enumerate()
+                    .find(|(_, x)| x.error.is_some())
+                    .expect("an error");
+                Err(anyhow::anyhow!("stream {}: {e:#}", self.ids[i]))
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+fn via_words(via: &str) -> &'static str {
+    match via {
+        "sendfile" => "sendfile(2): page cache straight to the socket",
+        _ => "its pages mapped (mmap) and sent by the engine",
+    }
+}
+
+fn system_info() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "Linux {} {} {}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/osrelease"),
+        std::env::consts::ARCH
+    )
+}
+
+/// `Sun, 22 Nov 2026 11:56:13 GMT`, as iperf3's `timestamp.time`.
+fn http_date(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let wd = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days.rem_euclid(7)) as usize];
+    let mon = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ][(m - 1) as usize];
+    format!(
+        "{wd}, {d:02} {mon} {y} {:02}:{:02}:{:02} GMT",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_read_as_iperf3_prints_them() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(http_date(1_795_348_573), "Sun, 22 Nov 2026 11:56:13 GMT");
+        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+    }
+
+    #[test]
+    fn shares_of_nothing_are_a_dash() {
+        assert_eq!(pct(0, 0), "    -");
+        assert_eq!(pct(50, 100), "  50%");
+    }
+}

@@ -1,0 +1,307 @@
+//! `zerotx send`'s flags checked into a [`Plan`], and the connections it opens. Every bad value
+//! and every failed connect gets a message that names it and says what to do.
+
+use std::fs::File;
+use std::io;
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use socket2::{Domain, SockAddr, Socket, Type};
+use zerotx::EngineKind;
+
+use crate::options::{parse_size, FileVia, SendArgs};
+use crate::transfer::{parse_bitrate, parse_bytes, resolve, Endpoint, Proto};
+
+/// Largest UDP payload over IPv4 (65535 - 20 - 8); IPv6 allows 20 more, but one rule is simpler.
+const UDP_MAX: usize = 65_507;
+
+/// The time a transfer of generated data runs when neither `--bytes` nor `--time` is given.
+const DEFAULT_TIME: Duration = Duration::from_secs(10);
+
+/// What to send.
+#[derive(Debug)]
+pub enum Source {
+    /// The generated stream (`transfer::pattern`), `bytes` in all (split across the streams) or
+    /// for `time`.
+    Generated {
+        /// Total bytes, when `--bytes`.
+        bytes: Option<u64>,
+    },
+    /// A file, once or (with `--time`) again and again.
+    File {
+        /// As given.
+        path: PathBuf,
+        /// Open for reading.
+        file: File,
+        /// Its length when opened.
+        len: u64,
+        /// `sendfile(2)` or the mapped pages through the engine.
+        via: Via,
+    },
+}
+
+/// How a file goes out, once decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// `sendfile(2)`.
+    Sendfile,
+    /// `mmap` and the engine.
+    Mmap,
+}
+
+impl Via {
+    /// As the output names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Sendfile => "sendfile",
+            Via::Mmap => "mmap",
+        }
+    }
+}
+
+/// Checked `zerotx send` options.
+#[derive(Debug)]
+pub struct Plan {
+    /// As the user wrote it (for messages).
+    pub addr: String,
+    /// What it resolved to, tried in order.
+    pub endpoints: Vec<Endpoint>,
+    /// TCP (also vsock streams) or UDP.
+    pub proto: Proto,
+    /// The engine.
+    pub engine: EngineKind,
+    /// Bytes per send (per datagram for UDP).
+    pub size: usize,
+    /// Streams.
+    pub parallel: usize,
+    /// What to send.
+    pub source: Source,
+    /// Stop after this long (generated data by default; a file only with `--time`).
+    pub time: Option<Duration>,
+    /// Bytes per second across all streams.
+    pub rate: Option<f64>,
+    /// Between interval lines.
+    pub interval: Option<Duration>,
+    /// One JSON document instead of text.
+    pub json: bool,
+    /// Per connect attempt.
+    pub connect_timeout: Duration,
+    /// How long the end may take, and how long without progress counts as a stalled receiver.
+    pub linger: Duration,
+}
+
+fn secs(v: f64, flag: &str, what: &str) -> anyhow::Result<Duration> {
+    if !(v.is_finite() && v > 0.0 && v <= 1e6) {
+        bail!("invalid {flag} {v}: give {what} above 0");
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl Plan {
+    /// Checks every flag, resolves the address and opens the file (not the connections).
+    pub fn check(a: SendArgs) -> anyhow::Result<Self> {
+        let engine: EngineKind = a.engine.trim().parse().map_err(anyhow::Error::msg)?;
+        let endpoints = resolve(&a.addr)?;
+        let vsock = matches!(endpoints[0], Endpoint::Vsock { .. });
+        if vsock && a.udp {
+            bail!("--udp with a vsock address: zerotx sends vsock as a stream; drop --udp");
+        }
+        let proto = if a.udp { Proto::Udp } else { Proto::Tcp };
+        let size = match &a.size {
+            Some(s) => parse_size(s).context("invalid --size")?,
+            None if a.udp => 1472,
+            None => 256 << 10,
+        };
+        if a.udp && size > UDP_MAX {
+            bail!(
+                "invalid --size {size} with --udp: a UDP datagram carries at most {UDP_MAX} bytes"
+            );
+        }
+        if size > 64 << 20 {
+            bail!("invalid --size {size}: give at most 64M per send");
+        }
+        if a.parallel == 0 || a.parallel > 128 {
+            bail!("invalid --parallel {}: give 1 to 128 streams", a.parallel);
+        }
+        let time = a.time.map(|t| secs(t, "--time", "seconds")).transpose()?;
+        let source = match &a.file {
+            Some(path) => {
+                if a.bytes.is_some() {
+                    bail!("--bytes with --file: the file's length says how much to send; drop --bytes");
+                }
+                if a.parallel > 1 {
+                    bail!(
+                        "--parallel {} with --file: a file goes as one stream (plain bytes: a \
+                         receiver could not put parallel pieces back together); drop --parallel",
+                        a.parallel
+                    );
+                }
+                let file = File::open(path)
+                    .with_context(|| format!("cannot open --file {}", path.display()))?;
+                let meta = file
+                    .metadata()
+                    .with_context(|| format!("cannot stat --file {}", path.display()))?;
+                if !meta.is_file() {
+                    bail!("--file {} is not a regular file", path.display());
+                }
+                let via = match a.file_via {
+                    FileVia::Sendfile if proto == Proto::Udp => bail!(
+                        "--file-via sendfile with --udp: sendfile cannot cut datagrams; use \
+                         --file-via mmap (the default for UDP)"
+                    ),
+                    FileVia::Sendfile => Via::Sendfile,
+                    FileVia::Mmap => Via::Mmap,
+                    // Page cache straight to the socket: no copy, no completion to wait for.
+                    FileVia::Auto if proto == Proto::Tcp => Via::Sendfile,
+                    FileVia::Auto => Via::Mmap,
+                };
+                Source::File {
+                    path: path.clone(),
+                    file,
+                    len: meta.len(),
+                    via,
+                }
+            }
+            None => Source::Generated {
+                bytes: a
+                    .bytes
+                    .as_deref()
+                    .map(parse_bytes)
+                    .transpose()
+                    .context("invalid --bytes")?,
+            },
+        };
+        let time = match (&source, time) {
+            (_, Some(t)) => Some(t),
+            (Source::Generated { bytes: None }, None) => Some(DEFAULT_TIME),
+            _ => None,
+        };
+        let rate = a
+            .bitrate
+            .as_deref()
+            .map(parse_bitrate)
+            .transpose()
+            .context("invalid --bitrate")?
+            .map(|bits| bits as f64 / 8.0);
+        if !(a.interval.is_finite() && a.interval >= 0.0) {
+            bail!(
+                "invalid --interval {}: give seconds, or 0 for none",
+                a.interval
+            );
+        }
+        let interval = (a.interval > 0.0)
+            .then(|| secs(a.interval, "--interval", "seconds"))
+            .transpose()?;
+        Ok(Self {
+            addr: a.addr,
+            endpoints,
+            proto,
+            engine,
+            size,
+            parallel: a.parallel,
+            source,
+            time,
+            rate,
+            interval,
+            json: a.json,
+            connect_timeout: secs(a.connect_timeout, "--connect-timeout", "seconds")?,
+            linger: secs(a.linger, "--linger", "seconds")?,
+        })
+    }
+
+    /// Opens one connection (TCP, vsock) or connected UDP socket per stream.
+    pub fn connect(&self) -> anyhow::Result<Vec<Conn>> {
+        (0..self.parallel).map(|_| self.connect_one()).collect()
+    }
+
+    fn connect_one(&self) -> anyhow::Result<Conn> {
+        let mut last = None;
+        for ep in &self.endpoints {
+            match self.try_connect(*ep) {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some((ep, e)),
+            }
+        }
+        let (ep, e) = last.expect("resolve gives at least one address");
+        let hint = match e.kind() {
+            io::ErrorKind::ConnectionRefused => match self.proto {
+                Proto::Tcp => {
+                    "nothing listens there: start `zerotx recv` (or another receiver) first"
+                }
+                Proto::Udp => "nothing listens on that UDP port: start `zerotx recv --udp` first",
+            },
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => {
+                "no answer: the host is down, unreachable, or a firewall drops the connection"
+            }
+            io::ErrorKind::AddrNotAvailable => "no local address can reach it",
+            _ => "check the address, and that the receiver is running",
+        };
+        let named = if ep.to_string() == self.addr.trim() {
+            ep.to_string()
+        } else {
+            format!("{ep} ({})", self.addr.trim())
+        };
+        Err(anyhow::anyhow!("cannot connect to {named}: {e}: {hint}"))
+    }
+
+    fn try_connect(&self, ep: Endpoint) -> io::Result<Conn> {
+        match (ep, self.proto) {
+            (Endpoint::Ip(a), Proto::Tcp) => {
+                let s = TcpStream::connect_timeout(&a, self.connect_timeout)?;
+                Ok(Conn {
+                    local: s.local_addr()?.to_string(),
+                    remote: a.to_string(),
+                    fd: s.into(),
+                    stream: true,
+                })
+            }
+            (Endpoint::Ip(a), Proto::Udp) => {
+                let any: SocketAddr = if a.is_ipv4() {
+                    "0.0.0.0:0".parse().expect("literal")
+                } else {
+                    "[::]:0".parse().expect("literal")
+                };
+                let s = UdpSocket::bind(any)?;
+                s.connect(a)?;
+                Ok(Conn {
+                    local: s.local_addr()?.to_string(),
+                    remote: a.to_string(),
+                    fd: s.into(),
+                    stream: false,
+                })
+            }
+            (Endpoint::Vsock { cid, port }, _) => {
+                let s = Socket::new(Domain::VSOCK, Type::STREAM, None)?;
+                s.connect_timeout(&SockAddr::vsock(cid, port), self.connect_timeout)?;
+                let local = s
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_vsock_address())
+                    .map(|(c, p)| format!("vsock:{c}:{p}"))
+                    .unwrap_or_else(|| "vsock".into());
+                Ok(Conn {
+                    local,
+                    remote: ep.to_string(),
+                    fd: s.into(),
+                    stream: true,
+                })
+            }
+        }
+    }
+}
+
+/// One open stream.
+#[derive(Debug)]
+pub struct Conn {
+    /// Local address, printed.
+    pub local: String,
+    /// Peer address, printed.
+    pub remote: String,
+    /// The socket.
+    pub fd: OwnedFd,
+    /// A byte stream (TCP, vsock), whose end the receiver can confirm.
+    pub stream: bool,
+}
