@@ -77,10 +77,9 @@ pub struct Output {
 }
 
 fn pct(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        "    -".into()
-    } else {
-        format!("{:>4}%", part * 100 / whole)
+    match (part * 100).checked_div(whole) {
+        Some(p) => format!("{p:>4}%"),
+        None => "    -".into(),
     }
 }
 
