@@ -905,3 +905,47 @@ fn every_owned_buffer_type_goes_and_comes_back() {
         });
     }
 }
+
+/// `send_timeout` on a socket whose peer reads slowly: once the socket (and, for io_uring, the
+/// queue) is full it gives the very buffer back in `WouldBlock` at its deadline instead of
+/// waiting for the peer; everything accepted before still arrives.
+#[test]
+fn send_timeout_hands_the_buffer_back_when_the_peer_falls_behind() {
+    for &kind in util::engines() {
+        let peer = Peer {
+            verify: true,
+            // A pause per read, not a tiny receive buffer: a window smaller than the loopback
+            // MSS leaves large writes to TCP's persist timer (minutes of zero-window probes).
+            pause: Duration::from_millis(20),
+            ..Peer::default()
+        };
+        let (client, rx) = tcp_pair(false, peer);
+        socket2::SockRef::from(&client)
+            .set_send_buffer_size(16 << 10)
+            .unwrap();
+        let mut tx = Sender::new(client, kind).unwrap();
+        let mut offset = 0u64;
+        let mut gave_back = None;
+        for _ in 0..10_000 {
+            let mut buf = vec![0u8; 4096];
+            fill(&mut buf, offset);
+            match tx.send_timeout(buf, Duration::from_millis(50)) {
+                Ok(()) => offset += 4096,
+                Err(SendError::WouldBlock(b)) => {
+                    gave_back = Some(b);
+                    break;
+                }
+                Err(e) => panic!("{kind}: {e}"),
+            }
+        }
+        let b = gave_back.unwrap_or_else(|| panic!("{kind}: 40 MB accepted from a stalled peer"));
+        let mut want = vec![0u8; 4096];
+        fill(&mut want, offset);
+        assert_eq!(b, want, "{kind}: the buffer came back as it went in");
+        let (_, stats) = finish(tx);
+        let got = rx.join().unwrap();
+        assert_eq!(got.bytes, offset, "{kind}");
+        assert_eq!(got.first_mismatch, None, "{kind}");
+        assert!(stats.sends > 0, "{kind}");
+    }
+}
