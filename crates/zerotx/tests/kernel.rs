@@ -916,7 +916,7 @@ fn send_timeout_hands_the_buffer_back_when_the_peer_falls_behind() {
             verify: true,
             // A pause per read, not a tiny receive buffer: a window smaller than the loopback
             // MSS leaves large writes to TCP's persist timer (minutes of zero-window probes).
-            pause: Duration::from_millis(20),
+            pause: Duration::from_millis(50),
             ..Peer::default()
         };
         let (client, rx) = tcp_pair(false, peer);
@@ -929,7 +929,7 @@ fn send_timeout_hands_the_buffer_back_when_the_peer_falls_behind() {
         for _ in 0..10_000 {
             let mut buf = vec![0u8; 4096];
             fill(&mut buf, offset);
-            match tx.send_timeout(buf, Duration::from_millis(50)) {
+            match tx.send_timeout(buf, Duration::from_millis(5)) {
                 Ok(()) => offset += 4096,
                 Err(SendError::WouldBlock(b)) => {
                     gave_back = Some(b);
