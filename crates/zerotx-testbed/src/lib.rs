@@ -175,12 +175,19 @@ fn unshare_netns() -> io::Result<()> {
 /// `getrusage(RUSAGE_SELF)`: user + system CPU time of the whole process, including io_uring's
 /// worker threads (they belong to the process).
 pub fn process_cpu_time() -> Duration {
+    let (user, system) = process_user_system_time();
+    user + system
+}
+
+/// `getrusage(RUSAGE_SELF)`: user and system CPU time of the whole process, apart (as iperf3
+/// reports `host_user` and `host_system`).
+pub fn process_user_system_time() -> (Duration, Duration) {
     // SAFETY: rusage is a plain C struct for which all-zeroes is a valid value.
     let mut ru: libc::rusage = unsafe { mem::zeroed() };
     // Cannot fail for RUSAGE_SELF with a valid pointer.
     let _ = syscall!(getrusage(libc::RUSAGE_SELF, &mut ru));
     let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
 /// `getrusage(RUSAGE_CHILDREN)`: user + system CPU time of the child processes that ended and
