@@ -104,9 +104,7 @@ impl Window {
 /// caller checks the rest with [`Window::mismatch`].
 pub fn locate(data: &[u8]) -> Option<u64> {
     for shift in 0..8usize {
-        let Some(b) = data.get(shift..shift + 8) else {
-            return None;
-        };
+        let b = data.get(shift..shift + 8)?;
         let w = word_index(u64::from_le_bytes(b.try_into().expect("8 bytes")));
         if w < WORDS {
             let pos = (w * 8 + PERIOD as u64 - shift as u64) % PERIOD as u64;
