@@ -82,6 +82,8 @@ pub(super) struct Meter {
     pub intervals: Vec<Vec<Sample>>,
     last_tick: Duration,
     headed: bool,
+    /// The last line printed was [`SEPARATOR`].
+    separated: bool,
 }
 
 /// What the finished transfer says, for the caller's exit status.
@@ -111,6 +113,7 @@ impl Meter {
             intervals: Vec::new(),
             last_tick: Duration::ZERO,
             headed: false,
+            separated: false,
         }
     }
 
@@ -193,7 +196,8 @@ impl Meter {
             for s in &samples {
                 println!("{}", self.line(s, ""));
             }
-            if samples.len() > 1 {
+            self.separated = samples.len() > 1;
+            if self.separated {
                 println!("{}", self.line(&sum, ""));
                 println!("{SEPARATOR}");
             }
@@ -275,7 +279,9 @@ impl Meter {
     }
 
     fn print_totals(&self, totals: &[Sample], sum: &Sample, cpu: Cpu, verdict: &Verdict) {
-        println!("{SEPARATOR}");
+        if !self.separated {
+            println!("{SEPARATOR}");
+        }
         println!("{}", self.column_heads());
         for (t, s) in totals.iter().zip(&self.streams) {
             let note = s

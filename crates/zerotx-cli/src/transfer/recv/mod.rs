@@ -286,7 +286,7 @@ mod tests {
         assert!(parse(&[]).is_ok());
         assert_eq!(parse(&["-i", "0"]).unwrap().interval, None);
         assert!(parse(&["--idle", "0"]).is_err());
-        assert!(parse(&["-i", "-1"]).is_err());
+        assert!(parse(&["--interval=-1"]).is_err());
         assert!(parse(&["-i", "nan"]).is_err());
     }
 }

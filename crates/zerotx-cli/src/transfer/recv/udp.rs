@@ -78,10 +78,9 @@ pub(super) fn serve(opts: &Opts, sock: UdpSocket, shown: &str) -> anyhow::Result
     if let Some(i) = opts.interval {
         poll = poll.min(i / 10);
     }
-    sock.set_read_timeout(Some(
-        poll.clamp(Duration::from_millis(5), Duration::from_millis(100)),
-    ))
-    .context("cannot set a receive timeout")?;
+    let poll = poll.clamp(Duration::from_millis(5), Duration::from_millis(100));
+    sock.set_read_timeout(Some(poll))
+        .context("cannot set a receive timeout")?;
     let local = sock
         .local_addr()
         .map(HostPort::ip)
@@ -103,8 +102,13 @@ pub(super) fn serve(opts: &Opts, sock: UdpSocket, shown: &str) -> anyhow::Result
                 ) =>
             {
                 if let Some(t) = &mut cur {
-                    t.meter.tick(now);
-                    if now.duration_since(t.last) >= opts.idle {
+                    let quiet = now.duration_since(t.last);
+                    // While datagrams flow, close intervals on time; once they stop, leave the
+                    // interval open: the next datagram closes it, or the end does at the last.
+                    if quiet < 2 * poll {
+                        t.meter.tick(now);
+                    }
+                    if quiet >= opts.idle {
                         let t = cur.take().expect("a transfer is in progress");
                         finish(opts, t)?;
                         if opts.once {
