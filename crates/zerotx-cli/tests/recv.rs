@@ -396,7 +396,7 @@ fn send_datagrams(port: u16, order: &[u64], garbage_after: Option<usize>) {
         if garbage_after == Some(k) {
             s.send(&[0x55u8; 1472]).unwrap();
         }
-        if k % 16 == 15 {
+        if k % 8 == 7 {
             thread::sleep(Duration::from_millis(1));
         }
     }

@@ -7,7 +7,7 @@ use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use socket2::{SockAddr, Socket};
@@ -20,8 +20,8 @@ use crate::transfer::pattern::Window;
 enum Event {
     /// A new connection.
     Accepted(Socket, SockAddr),
-    /// Stream `index` of the current transfer ended.
-    Done(usize, Ending),
+    /// Stream `index` of the current transfer ended at that instant.
+    Done(usize, Ending, Instant),
 }
 
 /// How a connection ended.
@@ -58,18 +58,16 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
     loop {
         let next_tick = cur.as_ref().and_then(|t| t.meter.next_tick());
         let event = match next_tick {
-            Some(at) => {
-                match rx.recv_timeout(at.saturating_duration_since(std::time::Instant::now())) {
-                    Ok(e) => e,
-                    Err(RecvTimeoutError::Timeout) => {
-                        if let Some(t) = &mut cur {
-                            t.meter.tick(std::time::Instant::now());
-                        }
-                        continue;
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(e) => e,
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(t) = &mut cur {
+                        t.meter.tick(Instant::now());
                     }
-                    Err(RecvTimeoutError::Disconnected) => bail!("the accepting thread ended"),
+                    continue;
                 }
-            }
+                Err(RecvTimeoutError::Disconnected) => bail!("the accepting thread ended"),
+            },
             None => rx.recv().context("the accepting thread ended")?,
         };
         match event {
@@ -114,13 +112,13 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                     .name(format!("recv-{id}"))
                     .spawn(move || {
                         let ending = read_stream(&sock, id, &bytes, window.as_ref(), output);
-                        let _ = tx.send(Event::Done(index, ending));
+                        let _ = tx.send(Event::Done(index, ending, Instant::now()));
                     })
                     .context("cannot start a reading thread")?;
             }
-            Event::Done(index, ending) => {
+            Event::Done(index, ending, when) => {
                 let Some(t) = &mut cur else { continue };
-                let at = t.meter.elapsed();
+                let at = t.meter.offset(when);
                 let s = &mut t.meter.streams[index];
                 s.end = Some(at);
                 s.note = ending.note;
