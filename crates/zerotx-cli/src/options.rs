@@ -120,14 +120,19 @@ pub struct RecvArgs {
     /// Receive UDP datagrams instead of TCP connections.
     #[arg(long)]
     pub udp: bool,
-    /// Check that what arrives is `zerotx send`'s generated stream; exit non-zero at the first
-    /// wrong byte (UDP: count datagrams lost or out of order).
+    /// Check that what arrives is `zerotx send`'s generated stream: the first wrong byte is
+    /// reported at once (stream and offset) and the exit status is non-zero when the transfer
+    /// ends. UDP: each datagram is located in the stream, which counts datagrams lost and out of
+    /// order; one that is not the stream is corrupt (non-zero exit; loss alone is not).
     #[arg(long)]
     pub verify: bool,
-    /// Write what arrives to FILE (one transfer at a time; each replaces the last).
+    /// Write what arrives to FILE, created or truncated when a transfer starts. One stream at a
+    /// time: a connection arriving while one is written is closed at once. UDP: datagrams in
+    /// arrival order.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Exit after one transfer.
+    /// Exit after one transfer (TCP: the connections that overlap in time; UDP: until --idle
+    /// seconds without a datagram).
     #[arg(long, short = '1')]
     pub once: bool,
     /// Seconds between interval lines; 0 for none.

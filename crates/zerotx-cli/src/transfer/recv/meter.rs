@@ -1,0 +1,420 @@
+//! What one transfer measured: bytes per stream, sampled every `--interval` into iperf3's
+//! interval lines, and at the end the totals, the verdict of `--verify` and the receiver's CPU
+//! time, printed as text or handed to [`super::json`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{json, HostPort, Opts};
+use crate::transfer::{fmt_bitrate, interval_line, Proto};
+
+/// The id iperf3 gives its first data stream; the others follow.
+const FIRST_ID: u32 = 5;
+
+/// UDP datagram counts of one stream (all zero for TCP; loss, order and corruption are known only
+/// with `--verify`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Datagrams {
+    /// Datagrams received.
+    pub packets: u64,
+    /// Datagrams missing, from the gaps in the stream's positions.
+    pub lost: u64,
+    /// Datagrams that arrived behind one sent after them.
+    pub out_of_order: u64,
+    /// Datagrams that are not a piece of the generated stream.
+    pub corrupt: u64,
+}
+
+/// One stream (a TCP connection, or one UDP sender's address).
+pub(super) struct Stream {
+    /// iperf3's socket id, printed as `[  5]`.
+    pub id: u32,
+    pub local: HostPort,
+    pub remote: HostPort,
+    /// Bytes received so far (the TCP reading thread adds to it).
+    pub bytes: Arc<AtomicU64>,
+    /// When it started and ended, from the transfer's start.
+    pub start: Duration,
+    pub end: Option<Duration>,
+    /// How it ended, when not by an orderly close or the UDP idle time.
+    pub note: Option<String>,
+    /// The first stream offset that was not the generated stream (TCP), or the stream position
+    /// of the first corrupt datagram (UDP).
+    pub mismatch: Option<u64>,
+    pub datagrams: Datagrams,
+    last_bytes: u64,
+    last_datagrams: Datagrams,
+}
+
+/// One interval or total, for one stream or the sum.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Sample {
+    pub id: Option<u32>,
+    pub start: Duration,
+    pub end: Duration,
+    pub bytes: u64,
+    pub datagrams: Datagrams,
+}
+
+/// CPU time of the receiving process, user and system.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cpu {
+    pub user: Duration,
+    pub system: Duration,
+}
+
+impl Cpu {
+    fn now() -> Self {
+        let (user, system) = zerotx_testbed::process_cpu_split();
+        Self { user, system }
+    }
+}
+
+/// A transfer in progress.
+pub(super) struct Meter {
+    pub opts: Opts,
+    t0: Instant,
+    pub wall0: SystemTime,
+    cpu0: Cpu,
+    pub accepted: HostPort,
+    pub streams: Vec<Stream>,
+    pub intervals: Vec<Vec<Sample>>,
+    last_tick: Duration,
+    headed: bool,
+    /// The last line printed was [`SEPARATOR`].
+    separated: bool,
+}
+
+/// What the finished transfer says, for the caller's exit status.
+pub(super) struct Verdict {
+    /// The first stream that was not the generated stream, and where (`--verify` only).
+    pub mismatch: Option<(u32, u64)>,
+    /// Corrupt datagrams (UDP `--verify`).
+    pub corrupt: u64,
+}
+
+impl Meter {
+    /// Starts a transfer now; `accepted` is its first peer.
+    pub fn new(opts: &Opts, accepted: HostPort) -> Self {
+        if !opts.json {
+            println!(
+                "Accepted connection from {}, port {}",
+                accepted.host, accepted.port
+            );
+        }
+        Self {
+            opts: opts.clone(),
+            t0: Instant::now(),
+            wall0: SystemTime::now(),
+            cpu0: Cpu::now(),
+            accepted,
+            streams: Vec::new(),
+            intervals: Vec::new(),
+            last_tick: Duration::ZERO,
+            headed: false,
+            separated: false,
+        }
+    }
+
+    /// Time since the transfer started.
+    pub fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// The offset of instant `t` from the transfer's start.
+    pub fn offset(&self, t: Instant) -> Duration {
+        t.saturating_duration_since(self.t0)
+    }
+
+    /// Adds a stream that starts now; returns its index in [`Meter::streams`].
+    pub fn add_stream(&mut self, local: HostPort, remote: HostPort) -> usize {
+        let id = FIRST_ID + self.streams.len() as u32;
+        if !self.opts.json {
+            println!(
+                "[{id:>3}] local {} port {} connected to {} port {}",
+                local.host, local.port, remote.host, remote.port
+            );
+        }
+        self.streams.push(Stream {
+            id,
+            local,
+            remote,
+            bytes: Arc::new(AtomicU64::new(0)),
+            start: self.elapsed(),
+            end: None,
+            note: None,
+            mismatch: None,
+            datagrams: Datagrams::default(),
+            last_bytes: 0,
+            last_datagrams: Datagrams::default(),
+        });
+        self.streams.len() - 1
+    }
+
+    /// When the next interval line is due (`None` without intervals).
+    pub fn next_tick(&self) -> Option<Instant> {
+        let i = self.opts.interval?;
+        Some(self.t0 + self.last_tick + i)
+    }
+
+    /// Closes the interval if it is due at `now`.
+    pub fn tick(&mut self, now: Instant) {
+        if self.next_tick().is_some_and(|t| now >= t) {
+            self.close_interval(self.offset(now));
+        }
+    }
+
+    fn close_interval(&mut self, end: Duration) {
+        let start = self.last_tick;
+        let mut samples = Vec::new();
+        for s in &mut self.streams {
+            let live = s.start <= end && s.end.map_or(true, |e| e >= start);
+            let bytes = s.bytes.load(Ordering::Relaxed);
+            if live {
+                samples.push(Sample {
+                    id: Some(s.id),
+                    start,
+                    end,
+                    bytes: bytes - s.last_bytes,
+                    datagrams: minus(s.datagrams, s.last_datagrams),
+                });
+            }
+            s.last_bytes = bytes;
+            s.last_datagrams = s.datagrams;
+        }
+        self.last_tick = end;
+        if samples.is_empty() {
+            return;
+        }
+        let sum = sum_of(&samples, start, end);
+        if !self.opts.json {
+            if !self.headed {
+                println!("{}", self.column_heads());
+                self.headed = true;
+            }
+            for s in &samples {
+                println!("{}", self.line(s, ""));
+            }
+            self.separated = samples.len() > 1;
+            if self.separated {
+                println!("{}", self.line(&sum, ""));
+                println!("{SEPARATOR}");
+            }
+        }
+        samples.push(sum);
+        self.intervals.push(samples);
+    }
+
+    fn udp_verify(&self) -> bool {
+        self.opts.proto == Proto::Udp && self.opts.verify
+    }
+
+    fn column_heads(&self) -> String {
+        let mut h = "[ ID] Interval           Transfer     Bitrate".to_string();
+        if self.udp_verify() {
+            h.push_str("         Lost/Total Datagrams");
+        }
+        h
+    }
+
+    /// One iperf3 line for a sample, then `tail`.
+    fn line(&self, s: &Sample, tail: &str) -> String {
+        let id = s.id.map_or("SUM".to_string(), |i| i.to_string());
+        let mut t = String::new();
+        if self.udp_verify() {
+            let d = s.datagrams;
+            t = format!("  {}/{} ({})", d.lost, d.packets + d.lost, percent(d));
+        }
+        t.push_str(tail);
+        interval_line(&id, s.start, s.end, s.bytes, &t)
+    }
+
+    /// Ends the transfer at `end` (from its start): prints the last interval, the totals and the
+    /// verdict (text or JSON).
+    pub fn finish(mut self, end: Duration) -> Verdict {
+        let cpu1 = Cpu::now();
+        if self.opts.interval.is_some()
+            && end > self.last_tick + Duration::from_millis(10)
+            && self
+                .streams
+                .iter()
+                .any(|s| s.bytes.load(Ordering::Relaxed) > s.last_bytes)
+        {
+            self.close_interval(end);
+        }
+        let totals: Vec<Sample> = self
+            .streams
+            .iter()
+            .map(|s| Sample {
+                id: Some(s.id),
+                start: s.start,
+                end: s.end.unwrap_or(end),
+                bytes: s.bytes.load(Ordering::Relaxed),
+                datagrams: s.datagrams,
+            })
+            .collect();
+        let sum = sum_of(&totals, Duration::ZERO, end);
+        let cpu = Cpu {
+            user: cpu1.user.saturating_sub(self.cpu0.user),
+            system: cpu1.system.saturating_sub(self.cpu0.system),
+        };
+        let verdict = Verdict {
+            mismatch: self
+                .streams
+                .iter()
+                .find_map(|s| s.mismatch.map(|m| (s.id, m))),
+            corrupt: sum.datagrams.corrupt,
+        };
+        if self.opts.json {
+            let doc = json::document(&self, &totals, &sum, cpu, &verdict);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&doc).expect("a JSON value prints")
+            );
+        } else {
+            self.print_totals(&totals, &sum, cpu, &verdict);
+        }
+        verdict
+    }
+
+    fn print_totals(&self, totals: &[Sample], sum: &Sample, cpu: Cpu, verdict: &Verdict) {
+        if !self.separated {
+            println!("{SEPARATOR}");
+        }
+        println!("{}", self.column_heads());
+        for (t, s) in totals.iter().zip(&self.streams) {
+            let note = s
+                .note
+                .as_ref()
+                .map_or(String::new(), |n| format!("  ({n})"));
+            println!("{}", self.line(t, &format!("  receiver{note}")));
+        }
+        if totals.len() > 1 {
+            println!("{}", self.line(sum, "  receiver"));
+        }
+        if self.opts.proto == Proto::Udp {
+            let d = sum.datagrams;
+            if self.opts.verify {
+                println!(
+                    "datagrams: {} received, {} lost, {} out of order, {} corrupt",
+                    d.packets, d.lost, d.out_of_order, d.corrupt
+                );
+            } else {
+                println!("datagrams: {} received", d.packets);
+            }
+        }
+        if self.opts.verify {
+            match verdict.mismatch {
+                _ if verdict.corrupt > 0 => println!(
+                    "verify: FAILED: {} datagrams are not the generated stream",
+                    verdict.corrupt
+                ),
+                None => println!(
+                    "verify: all {} bytes are the generated stream",
+                    sum.bytes
+                ),
+                Some((id, at)) => println!(
+                    "verify: FAILED: [{id:>3}] differs from the generated stream at stream offset {at}"
+                ),
+            }
+        }
+        if let Some(p) = &self.opts.output {
+            println!("output: {} bytes written to {}", sum.bytes, p.display());
+        }
+        let wall = sum.end.as_secs_f64();
+        let secs = cpu_secs(cpu);
+        let per_gb = cpu_per_gb(cpu, sum.bytes).map_or("n/a".to_string(), |v| format!("{v:.2}"));
+        println!(
+            "CPU: {secs:.2} s ({:.0}% of wall), {per_gb} s/GB (user {:.2} s, system {:.2} s); {}",
+            if wall > 0.0 { secs / wall * 100.0 } else { 0.0 },
+            cpu.user.as_secs_f64(),
+            cpu.system.as_secs_f64(),
+            fmt_bitrate(crate::transfer::bitrate(sum.bytes, wall)),
+        );
+    }
+}
+
+/// iperf3's line between interval groups and before the totals.
+const SEPARATOR: &str = "- - - - - - - - - - - - - - - - - - - - - - - - -";
+
+fn minus(a: Datagrams, b: Datagrams) -> Datagrams {
+    Datagrams {
+        packets: a.packets - b.packets,
+        lost: a.lost.saturating_sub(b.lost),
+        out_of_order: a.out_of_order - b.out_of_order,
+        corrupt: a.corrupt - b.corrupt,
+    }
+}
+
+fn sum_of(samples: &[Sample], start: Duration, end: Duration) -> Sample {
+    let mut d = Datagrams::default();
+    for s in samples {
+        d.packets += s.datagrams.packets;
+        d.lost += s.datagrams.lost;
+        d.out_of_order += s.datagrams.out_of_order;
+        d.corrupt += s.datagrams.corrupt;
+    }
+    Sample {
+        id: None,
+        start,
+        end,
+        bytes: samples.iter().map(|s| s.bytes).sum(),
+        datagrams: d,
+    }
+}
+
+/// Lost datagrams as a share of those sent, as iperf3 prints it (`0.12%`, `0%`).
+pub(super) fn percent(d: Datagrams) -> String {
+    let p = lost_percent(d);
+    if p == 0.0 {
+        "0%".into()
+    } else {
+        format!("{p:.2}%")
+    }
+}
+
+/// Lost datagrams as a percentage of those sent.
+pub(super) fn lost_percent(d: Datagrams) -> f64 {
+    let total = d.packets + d.lost;
+    if total == 0 {
+        0.0
+    } else {
+        d.lost as f64 * 100.0 / total as f64
+    }
+}
+
+pub(super) fn cpu_secs(cpu: Cpu) -> f64 {
+    (cpu.user + cpu.system).as_secs_f64()
+}
+
+/// CPU seconds per 10^9 bytes received (`None` for no bytes).
+pub(super) fn cpu_per_gb(cpu: Cpu, bytes: u64) -> Option<f64> {
+    (bytes > 0).then(|| cpu_secs(cpu) / (bytes as f64 / 1e9))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_prints_as_iperf3_does() {
+        let d = Datagrams {
+            packets: 99,
+            lost: 1,
+            ..Default::default()
+        };
+        assert_eq!(percent(d), "1.00%");
+        assert_eq!(percent(Datagrams::default()), "0%");
+        assert_eq!(
+            cpu_per_gb(
+                Cpu {
+                    user: Duration::from_millis(300),
+                    system: Duration::from_millis(200)
+                },
+                2_000_000_000
+            ),
+            Some(0.25)
+        );
+    }
+}
