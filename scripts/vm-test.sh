@@ -127,9 +127,13 @@ cli() {  # name, receiver command or -, sender command
 cli "vsock generated --verify" "/zerotx recv -l vsock:5401 --once --verify -i 0" \
   "/zerotx send vsock:1:5401 --bytes 16M -i 0"
 head -c 5000003 /dev/urandom > /tmp/f
-cli "vsock --file (sendfile, else mmap)" "/zerotx recv -l vsock:5402 --once -o /tmp/g -i 0" \
-  "/zerotx send vsock:1:5402 --file /tmp/f -i 0"
-cmp /tmp/f /tmp/g && echo "VMTEST: pass cli vsock file intact" || echo "VMTEST: FAIL cli vsock file intact"
+for via in mmap sendfile; do
+  rm -f /tmp/g
+  cli "vsock --file --file-via $via" "/zerotx recv -l vsock:5402 --once -o /tmp/g -i 0" \
+    "/zerotx send vsock:1:5402 --file /tmp/f --file-via $via -i 0"
+  cmp /tmp/f /tmp/g && echo "VMTEST: pass cli vsock file intact ($via)" \
+    || echo "VMTEST: FAIL cli vsock file intact ($via)"
+done
 cli "udp into dummy, zero-copy" - \
   "/zerotx send --udp 192.0.2.2:9 --bytes 16M --size 60000 --json | grep -q '\"zerocopy_engaged\": true'"
 /vm_guest

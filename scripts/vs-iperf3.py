@@ -3,7 +3,9 @@
 
 Each round runs, one after another (never two at once, 2 cores):
   iperf3 (default mode)         vs  zerotx send -> zerotx recv (generated data, default engine)
-  iperf3 -Z (sendfile)          vs  zerotx send --file F -> zerotx recv (sendfile)
+  iperf3 -Z (sendfile)          vs  zerotx send --file F -> zerotx recv, F sent again and again
+                                    for the same time, once with --file-via sendfile (what auto
+                                    takes on TCP) and once with --file-via mmap (the engine)
 The rounds interleave the tools so drift on a shared machine hits both alike. Reported: the
 receiver's bytes per second (what arrived) and the sender's CPU seconds per GB (iperf3: its own
 cpu_utilization_percent.host_total times the duration; zerotx: getrusage of the send process).
@@ -90,9 +92,9 @@ def iperf3(secs, zerocopy):
     }
 
 
-def zerotx(bin_, secs, file):
+def zerotx(bin_, secs, file, via=None):
     port = free_port()
-    extra = ["--file", file] if file else []
+    extra = ["--file", file, "--file-via", via] if file else []
     doc, recv_out = run_pair(
         [bin_, "recv", "--listen", f"127.0.0.1:{port}", "--once", "--json"],
         [bin_, "send", f"127.0.0.1:{port}", "--time", str(secs), "--json"] + extra,
@@ -116,7 +118,9 @@ def main():
     ap.add_argument("--time", type=float, default=10.0, help="seconds per run (iperf3's default: 10)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--zerotx", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "zerotx"))
-    ap.add_argument("--file-mib", type=int, default=256, help="size of the file for the --file runs")
+    ap.add_argument("--file-mib", type=int, default=256,
+                    help="size of the file for the --file runs, in the page cache [default: 256; "
+                         "iperf3 -Z sends its one 128 KiB buffer from a file, again and again]")
     ap.add_argument("--json", help="also write every run's figures to this file")
     a = ap.parse_args()
     for tool in ("iperf3", a.zerotx):
@@ -128,17 +132,19 @@ def main():
         for _ in range(a.file_mib):
             f.write(block)
         path = f.name
-    runs = {k: [] for k in ("iperf3", "zerotx", "iperf3 -Z", "zerotx --file")}
+    runs = {k: [] for k in ("iperf3", "zerotx", "iperf3 -Z", "zerotx --file", "zerotx --file mmap")}
     try:
         for r in range(a.rounds):
             order = [("iperf3", lambda: iperf3(secs, False)), ("zerotx", lambda: zerotx(a.zerotx, secs, None)),
-                     ("iperf3 -Z", lambda: iperf3(secs, True)), ("zerotx --file", lambda: zerotx(a.zerotx, secs, path))]
+                     ("iperf3 -Z", lambda: iperf3(secs, True)),
+                     ("zerotx --file", lambda: zerotx(a.zerotx, secs, path, "sendfile")),
+                     ("zerotx --file mmap", lambda: zerotx(a.zerotx, secs, path, "mmap"))]
             if r % 2:
-                order = [order[1], order[0], order[3], order[2]]
+                order = [order[1], order[0], order[3], order[4], order[2]]
             for name, fn in order:
                 res = fn()
                 runs[name].append(res)
-                print(f"round {r + 1} {name:14} {res['rx_bps'] / 1e9:6.2f} Gbit/s  sender CPU "
+                print(f"round {r + 1} {name:18} {res['rx_bps'] / 1e9:6.2f} Gbit/s  sender CPU "
                       f"{res['cpu_per_gb']:.3f} s/GB  receiver CPU {res['rx_cpu_per_gb']:.3f} s/GB",
                       file=sys.stderr)
     finally:
@@ -147,7 +153,9 @@ def main():
     print(f"\nTCP loopback, {secs} s per run, median of {a.rounds} rounds (interleaved):\n")
     print("| mode | iperf3 Gbit/s | zerotx Gbit/s | zerotx/iperf3 | iperf3 sender CPU s/GB | zerotx sender CPU s/GB | iperf3 receiver CPU s/GB | zerotx receiver CPU s/GB |")
     print("|---|---|---|---|---|---|---|---|")
-    for label, i, z in (("default (generated data)", "iperf3", "zerotx"), ("file (iperf3 -Z / --file)", "iperf3 -Z", "zerotx --file")):
+    for label, i, z in (("default (generated data)", "iperf3", "zerotx"),
+                        ("file: iperf3 -Z / --file (sendfile, auto's choice)", "iperf3 -Z", "zerotx --file"),
+                        ("file: iperf3 -Z / --file --file-via mmap", "iperf3 -Z", "zerotx --file mmap")):
         print(f"| {label} | {med(i, 'rx_bps') / 1e9:.2f} | {med(z, 'rx_bps') / 1e9:.2f} | "
               f"{med(z, 'rx_bps') / med(i, 'rx_bps'):.2f}x | {med(i, 'cpu_per_gb'):.3f} | {med(z, 'cpu_per_gb'):.3f} | "
               f"{med(i, 'rx_cpu_per_gb'):.3f} | {med(z, 'rx_cpu_per_gb'):.3f} |")

@@ -46,10 +46,12 @@ pub enum Command {
 /// How `--file` goes out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FileVia {
-    /// `sendfile(2)` on stream sockets (page cache straight to the socket: measured fastest on
-    /// TCP); the file mapped into memory and sent by the engine otherwise.
+    /// The file mapped and sent by the engine (measured faster than sendfile on TCP loopback:
+    /// 23.7 against 22.0 Gbit/s, 0.30 against 0.35 CPU s/GB).
     Auto,
-    /// `sendfile(2)`: the kernel moves page-cache pages to the socket, no engine involved.
+    /// `sendfile(2)`: the kernel moves page-cache pages to the socket, no engine involved (TCP and
+    /// vsock; where the socket refuses it, the mapped file through the engine, and the output
+    /// says so).
     Sendfile,
     /// The file mapped into memory (`mmap`), its pages sent by `--engine` (zero-copy where it
     /// pays).
@@ -65,7 +67,7 @@ pub enum FileVia {
     mapping ends the transfer with an error)."
 )]
 pub struct SendArgs {
-    /// Where to send: HOST:PORT, [IPV6]:PORT, HOST (port 5201) or vsock:CID:PORT.
+    /// Where to send: HOST:PORT, `[IPV6]:PORT`, HOST (port 5201) or vsock:CID:PORT.
     pub addr: String,
     /// UDP datagrams of --size bytes instead of a TCP stream.
     #[arg(long)]
@@ -86,7 +88,7 @@ pub struct SendArgs {
     /// Engine: auto, copy, msg-zc, uring, uring-zc.
     #[arg(long, default_value = "auto")]
     pub engine: String,
-    /// Bytes per send (K, M suffixes) [default: 256K for TCP, 1472 for UDP].
+    /// Bytes per send (K, M suffixes) [default: 1M for TCP, 1472 for UDP].
     #[arg(long, value_name = "BYTES")]
     pub size: Option<String>,
     /// Parallel streams (connections or UDP sockets), each from its own thread.
@@ -114,7 +116,7 @@ pub struct SendArgs {
 /// `zerotx recv` flags.
 #[derive(Debug, Args)]
 pub struct RecvArgs {
-    /// Where to listen: PORT, HOST:PORT, [IPV6]:PORT, vsock:PORT or vsock:CID:PORT.
+    /// Where to listen: PORT, HOST:PORT, `[IPV6]:PORT`, vsock:PORT or vsock:CID:PORT.
     #[arg(long, short = 'l', value_name = "ADDR", default_value = "5201")]
     pub listen: String,
     /// Receive UDP datagrams instead of TCP connections.

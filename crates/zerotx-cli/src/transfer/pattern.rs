@@ -62,15 +62,10 @@ impl Window {
         }
     }
 
-    /// The longest slice [`Window::at`] gives.
-    pub fn extra(&self) -> usize {
-        self.extra
-    }
-
     /// The stream's `len` bytes starting at stream offset `offset`, sharing the window's memory.
     ///
     /// # Panics
-    /// If `len > self.extra()`.
+    /// If `len` is more than the `extra` the window was made with.
     pub fn at(&self, offset: u64, len: usize) -> Bytes {
         assert!(
             len <= self.extra,

@@ -1,4 +1,4 @@
-//! TCP (and vsock) streams: a thread accepts, one thread per connection reads (1 MiB `read`s
+//! TCP (and vsock) streams: a thread accepts, one thread per connection reads (128 KiB `read`s
 //! into one reused buffer, verifying and writing as it goes), and the calling thread owns the
 //! [`Meter`]: it starts and ends transfers from those threads' events and prints each interval.
 
