@@ -85,7 +85,7 @@ run_guest() {
   kver=${vmlinuz##*/vmlinuz-}
   mods="$dir/lib/modules/$kver/kernel"
   root="$dir/initramfs"
-  rm -rf "$root" && mkdir -p "$root"/{bin,proc,sys,dev,mods}
+  rm -rf "$root" && mkdir -p "$root"/{bin,proc,sys,dev,mods,tmp}
   cp /bin/busybox "$root/bin/busybox"
   # No modules.dep in the .deb: insmod in dependency order. 6.1 ships .ko, 6.12 .ko.xz.
   for m in net/vmw_vsock/vsock net/vmw_vsock/vmw_vsock_virtio_transport_common \
@@ -113,11 +113,12 @@ ip link add dummyzc type dummy && ip addr add 192.0.2.1/24 dev dummyzc \
 # kernels the host does not run. Each check prints its own pass or FAIL line.
 cli() {  # name, receiver command or -, sender command
   name=$1; shift; rx=$1; shift
-  if [ "$rx" != - ]; then sh -c "$rx" > /tmp/rx.out 2>&1 & rpid=$!; fi
+  # Each side has its own deadline: a hang is a failed check, not a stuck guest.
+  if [ "$rx" != - ]; then timeout -s KILL 90 sh -c "$rx" > /tmp/rx.out 2>&1 & rpid=$!; fi
   ok=0
   for i in 1 2 3 4 5 6 7 8 9 10; do
-    if sh -c "$*" > /tmp/tx.out 2>&1; then ok=1; break; fi
-    grep -q refused /tmp/tx.out || break   # only a receiver not yet listening is retried
+    if timeout -s KILL 60 sh -c "$*" > /tmp/tx.out 2>&1; then ok=1; break; fi
+    grep -q "nothing listens" /tmp/tx.out || break   # only a receiver not yet listening is retried
     sleep 1
   done
   if [ "$rx" != - ]; then wait $rpid || ok=0; fi
@@ -133,6 +134,7 @@ for via in mmap sendfile; do
     "/zerotx send vsock:1:5402 --file /tmp/f --file-via $via -i 0"
   cmp /tmp/f /tmp/g && echo "VMTEST: pass cli vsock file intact ($via)" \
     || echo "VMTEST: FAIL cli vsock file intact ($via)"
+  grep -E "^(sendfile|file):" /tmp/tx.out | sed "s/^/VMTEST: measure vsock --file-via $via: /"
 done
 cli "udp into dummy, zero-copy" - \
   "/zerotx send --udp 192.0.2.2:9 --bytes 16M --size 60000 --json | grep -q '\"zerocopy_engaged\": true'"

@@ -230,7 +230,13 @@ impl Plan {
             }
         }
         let (ep, e) = last.expect("resolve gives at least one address");
+        let vsock = matches!(ep, Endpoint::Vsock { .. });
         let hint = match e.kind() {
+            // vsock answers a connect to a port nobody listens on with a reset.
+            io::ErrorKind::ConnectionReset if vsock => {
+                "nothing listens there (vsock answers with a reset): start `zerotx recv` (or \
+                 another receiver) first"
+            }
             io::ErrorKind::ConnectionRefused => match self.proto {
                 Proto::Tcp => {
                     "nothing listens there: start `zerotx recv` (or another receiver) first"
