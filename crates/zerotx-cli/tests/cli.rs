@@ -68,18 +68,7 @@ fn unknown_command_is_a_usage_error() {
         .stderr(predicate::str::contains("unrecognized subcommand"));
 }
 
-fn strict() -> bool {
-    std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
+use zerotx_testbed::{is_root, strict};
 
 fn cells<'a>(v: &'a serde_json::Value, topology: &str) -> Option<&'a Vec<serde_json::Value>> {
     let t = v["topologies"]

@@ -264,6 +264,8 @@ fn the_json_reads_like_iperf3s_with_zero_copy_fields() {
     assert_eq!(v["start"]["test_start"]["protocol"], "TCP");
     assert_eq!(v["start"]["test_start"]["num_streams"], 1);
     assert_eq!(v["start"]["connecting_to"]["port"], port);
+    assert_eq!(v["start"]["connected"][0]["remote_port"], port);
+    assert_eq!(v["start"]["connected"][0]["remote_host"], "127.0.0.1");
     assert!(v["start"]["timestamp"]["time"]
         .as_str()
         .unwrap()

@@ -52,6 +52,30 @@ fn ip(args: &[&str]) -> io::Result<()> {
     }
 }
 
+/// `ZEROTX_STRICT=1` (set by `.ci/run`): a test that would skip fails instead.
+pub fn strict() -> bool {
+    std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
+}
+
+/// Returns whether a test may go on; otherwise says why it skips, or fails under
+/// [`strict`].
+pub fn require(ok: bool, why: &str) -> bool {
+    if !ok {
+        assert!(
+            !strict(),
+            "ZEROTX_STRICT=1 and a requirement is missing: {why}"
+        );
+        eprintln!("SKIPPED: {why}");
+    }
+    ok
+}
+
+/// Whether the process runs as root (network namespaces, sysctls, limits).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Runs `f` on a new thread inside a new, empty network namespace (loopback up). The namespace
 /// goes away when the thread ends and nothing else uses it.
 pub fn in_new_netns<T, F>(f: F) -> io::Result<T>

@@ -210,6 +210,18 @@ pub fn bitrate(bytes: u64, secs: f64) -> f64 {
     }
 }
 
+/// An address printed as `host:port` (`[v6]:port`, `vsock:cid:port`) split into host and port,
+/// as iperf3's JSON and lines keep them (port 0 when there is none).
+pub fn host_port(addr: &str) -> (String, u64) {
+    match addr.rsplit_once(':') {
+        Some((h, p)) => match p.parse() {
+            Ok(port) => (h.trim_matches(|c| c == '[' || c == ']').to_string(), port),
+            Err(_) => (addr.to_string(), 0),
+        },
+        None => (addr.to_string(), 0),
+    }
+}
+
 /// One iperf3-style line: `[  5]   0.00-1.00   sec  4.12 GBytes  35.4 Gbits/sec` and
 /// whatever the caller appends.
 pub fn interval_line(id: &str, start: Duration, end: Duration, bytes: u64, tail: &str) -> String {
@@ -220,6 +232,35 @@ pub fn interval_line(id: &str, start: Duration, end: Duration, bytes: u64, tail:
         end.as_secs_f64(),
         fmt_bytes(bytes),
         fmt_bitrate(bitrate(bytes, secs)),
+    )
+}
+
+/// Seconds since the epoch as iperf3's `timestamp.time` (RFC 7231's date:
+/// `Sun, 09 Sep 2001 01:46:40 GMT`).
+pub fn http_date(secs: u64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = secs / 86_400;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
+        DAYS[(days % 7) as usize],
+        MONTHS[(month - 1) as usize],
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
     )
 }
 
@@ -251,6 +292,23 @@ mod tests {
         let e = resolve("no-such-host.invalid:1").unwrap_err().to_string();
         assert!(e.contains("cannot resolve"), "{e}");
         assert!(resolve("").is_err());
+    }
+
+    #[test]
+    fn dates_print_as_iperf3_prints_them() {
+        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
+        assert_eq!(http_date(1_000_000_000), "Sun, 09 Sep 2001 01:46:40 GMT");
+        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
+        assert_eq!(http_date(1_795_348_573), "Sun, 22 Nov 2026 11:56:13 GMT");
+    }
+
+    /// `host:port`, `[v6]:port` and `vsock:cid:port` apart, as iperf3's JSON keeps them.
+    #[test]
+    fn host_and_port_come_apart() {
+        assert_eq!(host_port("127.0.0.1:80"), ("127.0.0.1".into(), 80));
+        assert_eq!(host_port("[::1]:5201"), ("::1".into(), 5201));
+        assert_eq!(host_port("vsock:3:9"), ("vsock:3".into(), 9));
+        assert_eq!(host_port("odd"), ("odd".into(), 0));
     }
 
     #[test]

@@ -7,32 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// `ZEROTX_STRICT=1`: a test that would skip fails instead.
-pub fn strict() -> bool {
-    std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
-}
-
-/// Skips (returns false) or, under `ZEROTX_STRICT=1`, fails.
-pub fn require(ok: bool, why: &str) -> bool {
-    if !ok {
-        assert!(
-            !strict(),
-            "ZEROTX_STRICT=1 and a requirement is missing: {why}"
-        );
-        eprintln!("SKIPPED: {why}");
-    }
-    ok
-}
-
-/// Whether this process runs as root.
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
+#[allow(unused_imports)] // each test file uses its own part
+pub use zerotx_testbed::{is_root, require, strict};
 
 /// Whether `tool` is on the PATH.
 pub fn have(tool: &str) -> bool {

@@ -14,27 +14,8 @@ pub fn engines() -> &'static [EngineKind] {
     EngineKind::ALL
 }
 
-/// `ZEROTX_STRICT=1`: a test that would skip fails instead.
-pub fn strict() -> bool {
-    std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
-}
-
-/// Returns whether the test may go on; otherwise says why it skips, or fails when strict.
-pub fn require(ok: bool, why: &str) -> bool {
-    if !ok {
-        assert!(
-            !strict(),
-            "ZEROTX_STRICT=1 and a requirement is missing: {why}"
-        );
-        eprintln!("SKIPPED: {why}");
-    }
-    ok
-}
-
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+#[allow(unused_imports)] // each test file uses its own part
+pub use zerotx_testbed::{is_root, require, strict};
 
 /// Runs `f` inside a fresh network namespace with the black hole built, or skips.
 pub fn in_black_hole<T: Send>(

@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use super::meter::{cpu_per_gb, cpu_secs, lost_percent, Cpu, Meter, Sample, Verdict};
-use crate::transfer::{bitrate, Proto};
+use crate::transfer::{bitrate, http_date, Proto};
 
 /// The whole document for a finished transfer.
 pub(super) fn document(
@@ -139,45 +139,4 @@ fn sample(s: &Sample, udp_verify: bool) -> Value {
     }
     o.insert("sender".into(), json!(false));
     Value::Object(o)
-}
-
-/// Seconds since the epoch as iperf3's `timestamp.time` (RFC 7231's date:
-/// `Sun, 09 Sep 2001 01:46:40 GMT`).
-fn http_date(secs: u64) -> String {
-    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let days = secs / 86_400;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{}, {day:02} {} {year} {:02}:{:02}:{:02} GMT",
-        DAYS[(days % 7) as usize],
-        MONTHS[(month - 1) as usize],
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dates_print_as_iperf3_prints_them() {
-        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
-        assert_eq!(http_date(1_000_000_000), "Sun, 09 Sep 2001 01:46:40 GMT");
-        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
-    }
 }

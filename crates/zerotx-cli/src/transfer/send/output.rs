@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::plan::{Conn, Plan, Source};
 use super::stream::{ByPath, Counters, End};
-use crate::transfer::{bitrate, fmt_bytes, interval_line, Proto};
+use crate::transfer::{bitrate, fmt_bytes, host_port, http_date, interval_line, Proto};
 
 /// What the progress bar counts to.
 #[derive(Debug, Clone, Copy)]
@@ -100,7 +100,8 @@ impl Output {
         if !plan.json {
             println!("Connecting to host {host}, port {port}");
             for (id, c) in ids.iter().zip(conns) {
-                println!("[{id:>3}] local {} connected to {}", c.local, c.remote);
+                let ((lh, lp), (rh, rp)) = (host_port(&c.local), host_port(&c.remote));
+                println!("[{id:>3}] local {lh} port {lp} connected to {rh} port {rp}");
             }
             if let Some((path, via)) = &file {
                 println!("Sending {path} with {}", via_words(via));
@@ -118,11 +119,13 @@ impl Output {
             .unwrap_or_default()
             .as_secs();
         let start = json!({
-            "connected": ids.iter().zip(conns).map(|(id, c)| json!({
-                "socket": id.parse::<u64>().unwrap_or(0),
-                "local": c.local,
-                "remote": c.remote,
-            })).collect::<Vec<_>>(),
+            "connected": ids.iter().zip(conns).map(|(id, c)| {
+                let ((lh, lp), (rh, rp)) = (host_port(&c.local), host_port(&c.remote));
+                json!({
+                    "socket": id.parse::<u64>().unwrap_or(0),
+                    "local_host": lh, "local_port": lp, "remote_host": rh, "remote_port": rp,
+                })
+            }).collect::<Vec<_>>(),
             "version": format!("zerotx {}", env!("CARGO_PKG_VERSION")),
             "system_info": system_info(),
             "timestamp": { "time": http_date(now), "timesecs": now },
@@ -500,42 +503,9 @@ fn system_info() -> String {
     )
 }
 
-/// `Sun, 22 Nov 2026 11:56:13 GMT`, as iperf3's `timestamp.time`.
-fn http_date(secs: u64) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let wd = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"][(days.rem_euclid(7)) as usize];
-    let mon = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ][(m - 1) as usize];
-    format!(
-        "{wd}, {d:02} {mon} {y} {:02}:{:02}:{:02} GMT",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn dates_read_as_iperf3_prints_them() {
-        assert_eq!(http_date(0), "Thu, 01 Jan 1970 00:00:00 GMT");
-        assert_eq!(http_date(1_795_348_573), "Sun, 22 Nov 2026 11:56:13 GMT");
-        assert_eq!(http_date(951_782_400), "Tue, 29 Feb 2000 00:00:00 GMT");
-    }
 
     #[test]
     fn shares_of_nothing_are_a_dash() {
