@@ -470,3 +470,48 @@ fn udp_to_a_port_nobody_listens_on_fails_with_a_message() {
     );
     fails(&o, "nothing listens on that port");
 }
+
+/// Ctrl-C (SIGINT) in the middle: every stream ends as at its deadline, the totals print, the
+/// receiver still gets a whole stream up to that point, and the exit says it was interrupted.
+#[test]
+fn ctrl_c_ends_the_send_with_its_totals() {
+    let dir = scratch("sigint");
+    let out = dir.join("out");
+    let (sink, port) = py_sink(&[], "127.0.0.1", &out, 2);
+    let mut tx = Proc::spawn(Command::new(zerotx_bin()).args([
+        "send",
+        &format!("127.0.0.1:{port}"),
+        "--time",
+        "60",
+        "-P",
+        "2",
+        "-b",
+        "200M",
+    ]));
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = tx.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    let o = tx.wait(Duration::from_secs(30));
+    assert!(
+        t0.elapsed() < Duration::from_secs(15),
+        "took {:?} to stop",
+        t0.elapsed()
+    );
+    let (stdout, stderr) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        stdout.contains("[SUM]") && stdout.contains("sender"),
+        "{stdout}"
+    );
+    sink.wait(T);
+    for i in 0..2 {
+        let n = std::fs::metadata(conn_file(&out, i)).unwrap().len();
+        assert!(n > 0, "stream {i} got nothing");
+    }
+}

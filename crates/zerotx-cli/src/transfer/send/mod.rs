@@ -32,6 +32,15 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let mut out = output::Output::new(&plan, &conns);
     let counters: Vec<Arc<Counters>> = conns.iter().map(|_| Arc::default()).collect();
     let abort = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    // A first Ctrl-C (or SIGTERM) ends every stream as its deadline would, so the totals print;
+    // a second one exits at once.
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 130, interrupted.clone())
+            .context("installing the Ctrl-C handler")?;
+        signal_hook::flag::register(sig, interrupted.clone())
+            .context("installing the Ctrl-C handler")?;
+    }
     let cpu0 = zerotx_testbed::process_cpu_split();
     let start = Instant::now();
     let deadline = plan.time.map(|t| start + t);
@@ -83,6 +92,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                 linger: plan.linger,
                 counters: counters[i].clone(),
                 abort: abort.clone(),
+                interrupted: interrupted.clone(),
                 start,
             },
         });
@@ -124,7 +134,13 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     }
     let cpu1 = zerotx_testbed::process_cpu_split();
     let cpu = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
-    out.finish(start, &ends, cpu)
+    let result = out.finish(start, &ends, cpu);
+    if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+        return result.and(Err(anyhow::anyhow!(
+            "interrupted: the totals above cover what was sent until then"
+        )));
+    }
+    result
 }
 
 /// The file mapped read-only, as one [`Bytes`] to slice sends from (empty for an empty file).

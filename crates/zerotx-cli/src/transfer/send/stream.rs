@@ -75,6 +75,8 @@ pub struct Control {
     pub counters: Arc<Counters>,
     /// Set by any stream that failed: the others stop.
     pub abort: Arc<AtomicBool>,
+    /// Set by Ctrl-C (SIGINT) or SIGTERM: every stream ends as at its deadline.
+    pub interrupted: Arc<AtomicBool>,
     /// When the transfer started.
     pub start: Instant,
 }
@@ -82,6 +84,7 @@ pub struct Control {
 impl Control {
     fn stop(&self, sent: u64) -> bool {
         self.abort.load(Ordering::Relaxed)
+            || self.interrupted.load(Ordering::Relaxed)
             || self.deadline.is_some_and(|d| Instant::now() >= d)
             || self.bytes.is_some_and(|b| sent >= b)
     }
@@ -97,9 +100,13 @@ impl Control {
         let Some(rate) = self.rate else { return };
         let due = self.start + Duration::from_secs_f64(sent as f64 / rate);
         let due = self.deadline.map_or(due, |d| due.min(d));
-        let now = Instant::now();
-        if due > now {
-            std::thread::sleep(due - now);
+        // In slices, so an interruption ends a slow paced stream at once.
+        loop {
+            let now = Instant::now();
+            if due <= now || self.interrupted.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep((due - now).min(SLICE));
         }
     }
 }
