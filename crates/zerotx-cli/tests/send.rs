@@ -478,7 +478,7 @@ fn ctrl_c_ends_the_send_with_its_totals() {
     let dir = scratch("sigint");
     let out = dir.join("out");
     let (sink, port) = py_sink(&[], "127.0.0.1", &out, 2);
-    let mut tx = Proc::spawn(Command::new(zerotx_bin()).args([
+    let tx = Proc::spawn(Command::new(zerotx_bin()).args([
         "send",
         &format!("127.0.0.1:{port}"),
         "--time",
