@@ -515,3 +515,20 @@ fn ctrl_c_ends_the_send_with_its_totals() {
         assert!(n > 0, "stream {i} got nothing");
     }
 }
+
+/// An address that never answers (the black hole drops the SYN) fails at --connect-timeout; a
+/// network with no route fails at once; both say what to check.
+#[test]
+fn unreachable_addresses_fail_with_a_message_in_time() {
+    if !require(is_root(), "network namespaces need root") {
+        return;
+    }
+    let ns = Netns::black_hole();
+    let t0 = Instant::now();
+    let o = send(&ns.exec(0), &["192.0.2.2:9", "--connect-timeout", "1"]);
+    fails(&o, "no answer");
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    let o = send(&ns.exec(0), &["198.51.100.1:9"]);
+    let e = fails(&o, "cannot connect to 198.51.100.1:9");
+    assert!(e.contains("unreachable"), "{e}");
+}
