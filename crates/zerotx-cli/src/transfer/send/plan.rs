@@ -231,7 +231,12 @@ impl Plan {
         }
         let (ep, e) = last.expect("resolve gives at least one address");
         let vsock = matches!(ep, Endpoint::Vsock { .. });
+        let unreachable = matches!(
+            e.raw_os_error(),
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH)
+        );
         let hint = match e.kind() {
+            _ if unreachable => "no route to it from here: check the address and `ip route`",
             // vsock answers a connect to a port nobody listens on with a reset.
             io::ErrorKind::ConnectionReset if vsock => {
                 "nothing listens there (vsock answers with a reset): start `zerotx recv` (or \
