@@ -532,3 +532,18 @@ fn unreachable_addresses_fail_with_a_message_in_time() {
     let e = fails(&o, "cannot connect to 198.51.100.1:9");
     assert!(e.contains("unreachable") && e.contains("no route"), "{e}");
 }
+
+/// The promise: `--help` says that a file changing while it is sent is the caller's
+/// problem, and names the defaults a user needs.
+#[test]
+fn help_warns_about_files_that_change_and_names_the_defaults() {
+    let o = run(Command::new(zerotx_bin()).args(["send", "--help"]), T);
+    let out = ok(&o);
+    assert!(
+        out.contains("changes while it is being sent is the caller's problem"),
+        "{out}"
+    );
+    for d in ["[default: auto]", "1M for TCP", "port 5201"] {
+        assert!(out.contains(d), "{d} missing:\n{out}");
+    }
+}
