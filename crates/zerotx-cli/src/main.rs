@@ -1,6 +1,14 @@
 //! The `zerotx` command, laid out like hyperfine so each piece has its own file:
 //! `options` (every flag, checked into typed options) -> `bench` (topologies, scheduler, runner,
-//! engines) -> `export` (one exporter per format); `probe` prints what the host supports.
+//! engines) -> `export` (one exporter per format); `probe` prints what the host supports;
+//! `transfer` is `send` and `recv` (iperf3-style bulk transfer).
+//!
+//! Ours, and why: the benchmark method (interleaved repetitions, the same timed loop for every
+//! engine); the transfer's generated stream (`transfer/pattern.rs`: self-locating words, so a
+//! receiver verifies and counts UDP loss with no header, where iperf3 needs its own control
+//! connection and framing); the iperf3-shaped output. Flags (clap), progress bars (indicatif),
+//! JSON (serde_json), file mapping (memmap2), `sendfile` (rustix) and signals (signal-hook) come
+//! from crates made for the job.
 #![deny(unsafe_code)]
 
 mod bench;
