@@ -417,16 +417,22 @@ impl Ring {
         }
     }
 
-    /// Moves `owner`'s inbox into `out`, then drains the CQ (flushing what overflowed): `owner`'s
-    /// CQEs to `out`, the others' to their inboxes. A request leaves the ring with its last CQE,
-    /// whoever reaps it.
+    /// [`reap_with`](Self::reap_with) into a list (the tests' form).
+    #[cfg(test)]
     pub(crate) fn reap_for(&mut self, owner: u16, out: &mut Vec<Completion>) {
+        self.reap_with(owner, |c| out.push(c));
+    }
+
+    /// Hands `owner`'s inbox to `apply`, then drains the CQ (flushing what overflowed): `owner`'s
+    /// CQEs to `apply` as they are read (no list in between), the others' to their inboxes. A
+    /// request leaves the ring with its last CQE, whoever reaps it.
+    pub(crate) fn reap_with(&mut self, owner: u16, mut apply: impl FnMut(Completion)) {
         // What others reaped for it came first: keep each request's CQEs in order.
         if let Some(o) = self.owner(owner) {
-            out.append(&mut o.inbox);
+            o.inbox.drain(..).for_each(&mut apply);
         }
         for _ in 0..FLUSH_ROUNDS {
-            self.drain_cq(owner, out);
+            self.drain_cq(owner, &mut apply);
             if !self.cq_overflow() {
                 break;
             }
@@ -438,8 +444,8 @@ impl Ring {
         }
     }
 
-    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`.
-    fn drain_cq(&mut self, reaper: u16, out: &mut Vec<Completion>) {
+    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`, in order.
+    fn drain_cq(&mut self, reaper: u16, out: &mut impl FnMut(Completion)) {
         let mut gone = Vec::new();
         for e in self.ring.completion() {
             let ud = e.user_data();
@@ -475,7 +481,7 @@ impl Ring {
                 o.live -= 1;
             }
             if who == reaper && !o.left {
-                out.push(Completion { cqe, op });
+                out(Completion { cqe, op });
             } else if !o.left {
                 o.inbox.push(Completion { cqe, op });
             } else {
