@@ -281,7 +281,8 @@ impl<B: SendBuf> UringEngine<B> {
             Some(r) => r.ring.clone(),
             None => SharedRing::new(cfg)?,
         };
-        let owner = ring.join(&fd)?;
+        // A datagram socket names itself by registered file slot (see `FILE_SLOTS`).
+        let owner = ring.join(&fd, !sock.kind.is_ordered())?;
         let cfg = ring.cfg;
         let report = zc && sysu::report_usage();
         Ok(Self {
