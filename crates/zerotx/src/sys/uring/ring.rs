@@ -697,6 +697,7 @@ mod tests {
     /// socket, only once no SQE can name it: an SQE still unsubmitted when its owner leaves goes to
     /// the owner's socket (not `EBADF`, not the newcomer's socket).
     #[test]
+    #[ignore = "registered file slots are off (FILE_SLOTS = 0): see its docs"]
     fn a_file_slot_outlives_the_sqes_that_name_it() {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut ring = Ring::new(8, 8).unwrap();
