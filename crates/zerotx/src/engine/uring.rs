@@ -395,8 +395,11 @@ impl<B: SendBuf> State<B> {
             // A byte-stream request carries several buffers as one iovec (as many as half the
             // locked-memory limit lets two requests pin at once, and at most
             // `MAX_STREAM_REQUEST` bytes); a fixed-buffer request, a
-            // message and a datagram carry one.
-            while self.merge && !fixed && rec.bufs.len() < self.cfg.batch {
+            // message and a datagram carry one. So does `auto`'s probe: it asks whether the route
+            // still copies, and one buffer answers that (a batch would send up to 2 MiB zero-copy
+            // on a route that copies it all).
+            let probe = chosen == Some(true);
+            while self.merge && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
                 let next = match self.queue.front() {
                     Some((b, _)) if !zc || fixed_index(region, self.merge, b).is_none() => {
                         b.as_bytes().len()
