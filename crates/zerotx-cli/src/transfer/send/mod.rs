@@ -130,7 +130,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
         b.finish_and_clear();
     }
     if plan.interval.is_some() {
-        out.last_interval(&counters, start, &ends);
+        out.last_interval(start, &ends);
     }
     let cpu1 = zerotx_testbed::process_cpu_split();
     let cpu = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);

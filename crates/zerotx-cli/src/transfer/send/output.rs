@@ -181,7 +181,7 @@ impl Output {
 
     /// The last, partial interval, up to the last stream's end, when it is long enough to say
     /// something (iperf3 drops the ones shorter than a tenth of a second too).
-    pub fn last_interval(&mut self, counters: &[Arc<Counters>], start: Instant, ends: &[End]) {
+    pub fn last_interval(&mut self, start: Instant, ends: &[End]) {
         let t = ends
             .iter()
             .map(|e| e.finished.saturating_duration_since(start))
@@ -194,7 +194,6 @@ impl Output {
                 .collect();
             self.emit(&cur, t, None);
         }
-        let _ = counters;
     }
 
     fn emit(&mut self, cur: &[(u64, u64)], now: Duration, bar: Option<&ProgressBar>) {
