@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::os::fd::OwnedFd;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use zerotx::{BufPool, EngineKind, Error, PoolBufMut, PooledBuf, Released, Sender, Stats};
@@ -9,6 +10,30 @@ use zerotx::{BufPool, EngineKind, Error, PoolBufMut, PooledBuf, Released, Sender
 use crate::peer::{self, Peer};
 
 type Check = Result<String, String>;
+
+/// Where the running check is: the watchdog prints it when a deadline fires, so a hang says
+/// which call it sits in and what the sender held then.
+static PROGRESS: Mutex<String> = Mutex::new(String::new());
+
+/// Records where the running check is (see [`PROGRESS`]).
+pub fn progress(what: impl FnOnce() -> String) {
+    *PROGRESS.lock().unwrap_or_else(|e| e.into_inner()) = what();
+}
+
+/// The last [`progress`] recorded.
+pub fn last_progress() -> String {
+    PROGRESS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The sender's state in a [`progress`] line.
+fn state<B: zerotx::SendBuf>(tx: &Sender<B>) -> String {
+    format!(
+        "in_flight {}, outstanding {}; {:?}",
+        tx.in_flight(),
+        tx.outstanding(),
+        tx.stats()
+    )
+}
 
 /// An engine as the checks run it: `uring-zc` also with a registered pool.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -157,10 +182,14 @@ pub fn pooled_stream(
     let mut offset = 0u64;
     while offset < total {
         let Some(mut b) = free.pop() else {
+            progress(|| format!("waiting for a buffer at offset {offset}: {}", state(tx)));
             let n = tx
                 .wait_released(&mut out, Some(wait))
                 .map_err(|e| format!("waiting for a buffer: {e}"))?;
             if n == 0 {
+                for line in crate::where_it_hangs() {
+                    println!("VMTEST: debug stalled at offset {offset}: {line}");
+                }
                 return Err(format!(
                     "no buffer released within {wait:?} at offset {offset}"
                 ));
@@ -170,12 +199,14 @@ pub fn pooled_stream(
         };
         let len = block.min((total - offset) as usize);
         peer::fill(&mut b[..len], offset);
+        progress(|| format!("sending at offset {offset}: {}", state(tx)));
         tx.send(b.freeze(len))
             .map_err(|e| format!("send at offset {offset}: {e}"))?;
         offset += len as u64;
         tx.reap(&mut out).map_err(|e| format!("reap: {e}"))?;
         recycle(&mut out, &mut free)?;
     }
+    progress(|| format!("flushing after {offset} bytes: {}", state(tx)));
     tx.flush(wait).map_err(|e| format!("flush: {e}"))?;
     tx.reap(&mut out).map_err(|e| format!("reap: {e}"))?;
     recycle(&mut out, &mut free)?;
@@ -188,11 +219,18 @@ pub fn pooled_stream(
 /// Closes the sender (the reader then sees EOF) and checks what the reader got.
 fn finish(tx: Sender<PooledBuf>, reader: Option<Reader>, total: u64) -> Result<Stats, String> {
     let stats = tx.stats();
+    progress(|| format!("closing: {}", state(&tx)));
     let closed = tx.close(Duration::from_secs(5));
     if closed.kept > 0 {
         return Err(format!("{} buffers still held at close", closed.kept));
     }
     drop(closed.fd);
+    progress(|| {
+        format!(
+            "closed ({} released at close); joining the reader",
+            closed.released.len()
+        )
+    });
     if let Some(r) = reader {
         r.join().map_err(|_| "reader panicked")?.check(total)?;
     }
@@ -374,6 +412,7 @@ pub fn vsock_stream(kind: EngineKind) -> Check {
     let mut out = Vec::new();
     tx.reap(&mut out).map_err(|e| format!("reap: {e}"))?;
     let stats = tx.stats();
+    progress(|| format!("closing: {}", state(&tx)));
     let closed = tx.close(Duration::from_secs(5));
     out.extend(closed.released);
     drop(closed.fd);

@@ -64,20 +64,214 @@ fn within<T: Send + 'static>(
         Ok(Ok(v)) => Ok(v),
         Ok(Err(p)) => Err(format!("panicked: {}", panic_message(&*p))),
         Err(RecvTimeoutError::Timeout) => {
-            Err(format!("(timed out after {} s)", deadline.as_secs()))
+            for line in where_it_hangs() {
+                println!("VMTEST: debug {name}: {line}");
+            }
+            Err(format!(
+                "(timed out after {} s; last progress: {})",
+                deadline.as_secs(),
+                checks::last_progress()
+            ))
         }
         Err(RecvTimeoutError::Disconnected) => Err("the check's thread vanished".into()),
     }
 }
 
-#[derive(Default)]
+/// What the kernel says of this process when a check hangs: the reader's progress, TCP sockets
+/// (queues and timers), every thread's wait channel and kernel stack, and each io_uring's state
+/// (its fdinfo lists the requests parked on poll).
+pub fn where_it_hangs() -> Vec<String> {
+    use std::fs;
+    let read = peer::READ.load(std::sync::atomic::Ordering::Relaxed);
+    let thp = fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let huge = fs::read_to_string("/proc/self/smaps_rollup")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("AnonHugePages"))
+        .collect::<String>();
+    let mut lines = vec![format!("thp {}; {huge}", thp.trim())];
+    lines.push(format!(
+        "reader: {} bytes read{}",
+        read & !(1 << 63),
+        if read >> 63 == 1 { ", then EOF" } else { "" }
+    ));
+    let text = |p: &str| fs::read_to_string(p).unwrap_or_else(|e| format!("({p}: {e})"));
+    for l in text("/proc/net/tcp")
+        .lines()
+        .chain(text("/proc/net/tcp6").lines())
+    {
+        lines.push(format!("tcp: {}", l.trim()));
+    }
+    if let Ok(tasks) = fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            let dir = t.path();
+            let d = dir.display();
+            let comm = text(&format!("{d}/comm"));
+            let wchan = text(&format!("{d}/wchan"));
+            let stack: Vec<String> = text(&format!("{d}/stack"))
+                .lines()
+                .take(12)
+                .map(|l| l.split_whitespace().last().unwrap_or("").to_string())
+                .collect();
+            lines.push(format!(
+                "thread {} {}: wchan {wchan}; stack {}",
+                t.file_name().to_string_lossy(),
+                comm.trim(),
+                stack.join(" < ")
+            ));
+        }
+    }
+    lines.extend(netstat_tcpext());
+    if let Ok(fds) = fs::read_dir("/proc/self/fd") {
+        for f in fds.flatten() {
+            let target = fs::read_link(f.path()).unwrap_or_default();
+            if target.to_string_lossy().starts_with("socket:") {
+                if let Ok(fd) = f.file_name().to_string_lossy().parse::<i32>() {
+                    lines.extend(tcp_state(fd));
+                }
+            }
+            if !target.to_string_lossy().contains("io_uring") {
+                continue;
+            }
+            let fd = f.file_name().to_string_lossy().to_string();
+            for l in text(&format!("/proc/self/fdinfo/{fd}")).lines() {
+                lines.push(format!("io_uring fd {fd}: {}", l.trim()));
+            }
+        }
+    }
+    lines
+}
+
+/// The non-zero `TcpExt` counters of `/proc/net/netstat` (zero-window adverts, drops...).
+fn netstat_tcpext() -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("TcpExt:")).collect();
+    let [names, values] = rows[..] else {
+        return vec!["netstat: no TcpExt rows".into()];
+    };
+    let nonzero: Vec<String> = names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .skip(1)
+        .filter(|(_, v)| *v != "0")
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect();
+    vec![format!("netstat TcpExt: {}", nonzero.join(" "))]
+}
+
+/// `TCP_INFO` and `SO_MEMINFO` of socket `fd` of this process (nothing for a non-TCP socket).
+fn tcp_state(fd: i32) -> Vec<String> {
+    let mut info = [0u8; 256];
+    let mut len = info.len() as libc::socklen_t;
+    // SAFETY: the buffer is live and `len` says its size; the kernel writes at most `len` bytes
+    // and says how many. A descriptor that is not a TCP socket fails the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 || len < 104 {
+        return Vec::new();
+    }
+    let u8_at = |o: usize| u32::from(info[o]);
+    let u32_at = |o: usize| {
+        if o + 4 <= len as usize {
+            u32::from_ne_bytes(info[o..o + 4].try_into().expect("4 bytes"))
+        } else {
+            u32::MAX
+        }
+    };
+    let mut mem = [0u32; 9];
+    let mut mlen = std::mem::size_of_val(&mem) as libc::socklen_t;
+    // SAFETY: as above, `SO_MEMINFO` (55) writes up to nine u32 counters.
+    let mrc =
+        unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, 55, mem.as_mut_ptr().cast(), &mut mlen) };
+    let meminfo = if mrc == 0 {
+        format!(
+            "rmem_alloc {} rcvbuf {} wmem_alloc {} sndbuf {} fwd_alloc {} wmem_queued {} \
+             optmem {} backlog {} drops {}",
+            mem[0], mem[1], mem[2], mem[3], mem[4], mem[5], mem[6], mem[7], mem[8]
+        )
+    } else {
+        "no meminfo".into()
+    };
+    vec![format!(
+        "fd {fd} tcp_info: state {} probes {} backoff {} wscale snd/rcv {}/{} rto {} snd_mss {} \
+         rcv_mss {} unacked {} rcv_ssthresh {} advmss {} rcv_space {} notsent {} snd_wnd {} \
+         rcv_wnd {} last_data_sent {} last_data_recv {} last_ack_recv {} segs_out {} segs_in {}; \
+         {meminfo}",
+        u8_at(0),
+        u8_at(3),
+        u8_at(4),
+        u8_at(6) & 15,
+        u8_at(6) >> 4,
+        u32_at(8),
+        u32_at(16),
+        u32_at(20),
+        u32_at(24),
+        u32_at(64),
+        u32_at(84),
+        u32_at(96),
+        u32_at(144),
+        u32_at(228),
+        u32_at(232),
+        u32_at(44),
+        u32_at(52),
+        u32_at(56),
+        u32_at(136),
+        u32_at(140),
+    )]
+}
+
+/// The checks to run: every one, or (for hunting a rare failure) only those whose name, with
+/// spaces as `_`, contains the guest's `zerotx_only` kernel parameter, each `zerotx_repeat`
+/// times. Kernel parameters the kernel does not know reach init, and so this program, as
+/// environment variables.
 struct Run {
     passed: usize,
     failed: usize,
+    only: Option<String>,
+    repeat: usize,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Self {
+            passed: 0,
+            failed: 0,
+            only: std::env::var("zerotx_only").ok().filter(|s| !s.is_empty()),
+            repeat: std::env::var("zerotx_repeat")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1),
+        }
+    }
 }
 
 impl Run {
     fn check(
+        &mut self,
+        name: &str,
+        deadline: Duration,
+        f: impl Fn() -> Result<String, String> + Send + Sync + 'static,
+    ) {
+        if let Some(only) = &self.only {
+            if !name.replace(' ', "_").contains(only.as_str()) {
+                return;
+            }
+        }
+        let f = std::sync::Arc::new(f);
+        for _ in 0..self.repeat {
+            let f = f.clone();
+            self.check_once(name, deadline, move || f());
+        }
+    }
+
+    fn check_once(
         &mut self,
         name: &str,
         deadline: Duration,
@@ -97,11 +291,8 @@ impl Run {
     }
 }
 
-fn main() {
-    println!("VMTEST: kernel {}", zerotx::probe::kernel_release());
-    let vsock_zc = checks::vsock_zerocopy_expected();
-    let mut run = Run::default();
-
+/// Every check once (see [`Run`] for the filter and the repeats).
+fn all_checks(run: &mut Run, vsock_zc: bool) {
     run.check("probe vsock", SHORT, checks::probe_vsock);
     run.check("vsock msg-zc", SHORT, checks::vsock_msg_zc);
     run.check("vsock copy", SHORT, || {
@@ -146,8 +337,24 @@ fn main() {
             checks::integrity(Transport::Vsock, v)
         });
     }
+}
 
-    if vsock_zc {
+/// `zerotx_rounds=N` (a kernel parameter) runs the whole list N times: a failure that needs the
+/// checks before it to happen shows up in a later round.
+fn main() {
+    println!("VMTEST: kernel {}", zerotx::probe::kernel_release());
+    let vsock_zc = checks::vsock_zerocopy_expected();
+    let mut run = Run::default();
+
+    let rounds: usize = std::env::var("zerotx_rounds")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    for _ in 0..rounds {
+        all_checks(&mut run, vsock_zc);
+    }
+
+    if vsock_zc && run.only.is_none() {
         match within("measure", LONG, measure::vsock_ids).and_then(|r| r) {
             Ok(lines) => lines.iter().for_each(|l| println!("VMTEST: measure {l}")),
             Err(e) => println!("VMTEST: measure vsock ids: not measured: {e}"),

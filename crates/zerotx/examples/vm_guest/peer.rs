@@ -4,7 +4,7 @@
 use std::io::{self, Read};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -15,6 +15,9 @@ const VMADDR_CID_ANY: u32 = u32::MAX;
 pub const VMADDR_CID_LOCAL: u32 = 1;
 /// `SO_VM_SOCKETS_BUFFER_SIZE` at level `AF_VSOCK`: the receive buffer a peer offers as credit.
 const SO_VM_SOCKETS_BUFFER_SIZE: libc::c_int = 0;
+
+/// Bytes the latest reader has read so far (for the watchdog's message).
+pub static READ: AtomicU64 = AtomicU64::new(0);
 
 /// Every vsock check listens on its own port, so a check that hung and still holds its listener
 /// cannot disturb the next one.
@@ -149,9 +152,13 @@ fn set_vsock_buffer(sock: &Socket, bytes: u64) -> io::Result<()> {
 fn receive(mut s: impl Read, peer: Peer) -> Received {
     let mut r = Received::default();
     let mut buf = vec![0u8; if peer.chunk == 0 { 1 << 16 } else { peer.chunk }];
+    READ.store(0, Ordering::Relaxed);
     loop {
         match s.read(&mut buf) {
-            Ok(0) => return r,
+            Ok(0) => {
+                READ.store(r.bytes | 1 << 63, Ordering::Relaxed);
+                return r;
+            }
             Ok(n) => {
                 if peer.verify {
                     for (i, &b) in buf[..n].iter().enumerate() {
@@ -163,6 +170,7 @@ fn receive(mut s: impl Read, peer: Peer) -> Received {
                     }
                 }
                 r.bytes += n as u64;
+                READ.store(r.bytes, Ordering::Relaxed);
                 if !peer.pause.is_zero() {
                     std::thread::sleep(peer.pause);
                 }
