@@ -9,10 +9,12 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod common;
 #[allow(dead_code)]
 #[path = "../src/transfer/pattern.rs"]
 mod pattern;
 
+use common::bound;
 use pattern::{Window, PERIOD};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -78,7 +80,7 @@ impl Recv {
         }
         all.extend_from_slice(args);
         let mut r = Self::start(&all);
-        while !bound(port, udp) {
+        while !bound(r.child.id(), port, udp) {
             if let Ok(Some(_)) = r.child.try_wait() {
                 let d = r.wait();
                 panic!("zerotx recv exited early: {}{}", d.stdout, d.stderr);
@@ -149,25 +151,6 @@ fn free_port(udp: bool) -> u16 {
             .unwrap()
             .port()
     }
-}
-
-/// Whether a socket listens (TCP) or is bound (UDP) on `port`, from /proc/net.
-fn bound(port: u16, udp: bool) -> bool {
-    let (files, state) = if udp {
-        (["/proc/net/udp", "/proc/net/udp6"], "07")
-    } else {
-        (["/proc/net/tcp", "/proc/net/tcp6"], "0A")
-    };
-    let want = format!(":{port:04X}");
-    files.iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == state
-            })
-    })
 }
 
 /// The generated stream from offset `from`, `len` bytes.

@@ -18,26 +18,24 @@ fn recv(prefix: &[&str], port: u16, udp: bool, args: &[&str]) -> Proc {
     let mut argv: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
     argv.extend([bin, "recv".into(), "--once".into(), "--json".into()]);
     argv.extend(args.iter().map(|s| s.to_string()));
-    let p = Proc::spawn(Command::new(&argv[0]).args(&argv[1..]));
-    wait_bound(prefix, port, udp);
+    let mut p = Proc::spawn(Command::new(&argv[0]).args(&argv[1..]));
+    wait_bound(&mut p, port, udp);
     p
 }
 
-/// Until something is bound to `port` in the namespace `prefix` runs in (`ss`, not a connect: a
-/// connection would be taken as the transfer).
-fn wait_bound(prefix: &[&str], port: u16, udp: bool) {
+/// Until `p` listens (or is bound) on `port` in its namespace.
+fn wait_bound(p: &mut Proc, port: u16, udp: bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut argv: Vec<&str> = prefix.to_vec();
-    argv.extend(["ss", "-Hln", if udp { "-u" } else { "-t" }]);
-    let needle = format!(":{port} ");
-    while std::time::Instant::now() < deadline {
-        let out = Command::new(argv[0]).args(&argv[1..]).output().expect("ss");
-        if String::from_utf8_lossy(&out.stdout).contains(&needle) {
-            return;
+    while !bound(p.0.id(), port, udp) {
+        if let Ok(Some(status)) = p.0.try_wait() {
+            panic!("zerotx recv exited early ({status}) before binding port {port}");
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing bound to port {port} after 10 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    panic!("nothing bound to port {port} after 10 s");
 }
 
 fn send(prefix: &[&str], args: &[&str]) -> Value {

@@ -142,6 +142,27 @@ pub fn py_sink(prefix: &[&str], host: &str, out: &Path, conns: usize) -> (Proc, 
     (p, port)
 }
 
+/// Whether a socket listens (TCP) or is bound (UDP) on `port` in the network namespace of process
+/// `pid`, from its `/proc/PID/net` (which, unlike a connect, does not disturb the listener; and
+/// works for a process inside `ip netns exec`, which keeps its pid).
+pub fn bound(pid: u32, port: u16, udp: bool) -> bool {
+    let (files, state) = if udp {
+        (["udp", "udp6"], "07")
+    } else {
+        (["tcp", "tcp6"], "0A")
+    };
+    let want = format!(":{port:04X}");
+    files.iter().any(|f| {
+        std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && cols[1].ends_with(&want) && cols[3] == state
+            })
+    })
+}
+
 /// A port nothing listens on at the moment (bound and released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
