@@ -268,6 +268,26 @@ fn poll_millis(d: Duration) -> i32 {
     ms.min(i32::MAX as u128) as i32
 }
 
+/// `fcntl(F_DUPFD_CLOEXEC)` of a raw descriptor: a new descriptor for the same open file. A stale
+/// number fails with `EBADF` (or duplicates whatever now has it), never touches memory: the
+/// caller must know `fd` is open, as with any descriptor number.
+pub fn dup_raw(fd: RawFd) -> io::Result<OwnedFd> {
+    let new = syscall!(fcntl(fd, libc::F_DUPFD_CLOEXEC, 0))?;
+    // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(new) })
+}
+
+/// Registers `fd` with the current tokio runtime's reactor (`epoll_ctl`), waking on `interest`.
+#[cfg(feature = "tokio")]
+pub(crate) fn async_fd(
+    fd: OwnedFd,
+    interest: ::tokio::io::Interest,
+) -> io::Result<::tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns `fd`, an open descriptor only it closes (an OwnedFd's number
+    // never changes), so it names the same file for the AsyncFd's whole life.
+    unsafe { ::tokio::io::unix::AsyncFd::register_with_interest(fd, interest) }.map_err(Into::into)
+}
+
 /// `socket(2)` with `SOCK_CLOEXEC`.
 pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
     let fd = syscall!(socket(domain, ty | libc::SOCK_CLOEXEC, protocol))?;

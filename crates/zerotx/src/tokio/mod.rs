@@ -68,7 +68,6 @@
 //! assert_eq!(closed.kept, 0);
 //! # Ok(()) }
 //! ```
-#![allow(unsafe_code)]
 
 mod driver;
 mod ring;
@@ -76,11 +75,10 @@ mod ring;
 pub use ring::thread_ring;
 
 use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
 use ::tokio::task::JoinHandle;
 use ::tokio::time::Instant;
@@ -170,14 +168,11 @@ impl<B: SendBuf> AsyncSender<B> {
         };
         let kind = tx.engine();
         let fd = tx.readiness().fd;
-        // SAFETY: `fd` is the socket or the ring `tx` holds open, and `tx` lives across this
-        // borrow; the duplicate made from it is independent of `tx` afterwards.
-        let dup = unsafe { BorrowedFd::borrow_raw(fd) }
-            .try_clone_to_owned()
-            .map_err(|source| Error::Io {
-                context: "fcntl(F_DUPFD_CLOEXEC) of the readiness descriptor",
-                source,
-            })?;
+        // `fd` is the socket or the ring `tx` holds open; the duplicate is independent of `tx`.
+        let dup = crate::sys::dup_raw(fd).map_err(|source| Error::Io {
+            context: "fcntl(F_DUPFD_CLOEXEC) of the readiness descriptor",
+            source,
+        })?;
         // A socket (msg-zc, copy) or an io_uring (uring, uring-zc): asked of the descriptor, not
         // the engine's name, so an engine chosen at run time is waited on the right way.
         let ring = socket2::SockRef::from(&dup).r#type().is_err();
@@ -186,13 +181,10 @@ impl<B: SendBuf> AsyncSender<B> {
         } else {
             Interest::WRITABLE | Interest::ERROR
         };
-        // SAFETY: the AsyncFd owns `dup`, an open descriptor only it closes, so it stays open and
-        // names the same file for the AsyncFd's whole life.
-        let io =
-            unsafe { AsyncFd::register_with_interest(dup, interest) }.map_err(|e| Error::Io {
-                context: "registering the readiness descriptor with tokio (epoll_ctl)",
-                source: e.into(),
-            })?;
+        let io = crate::sys::async_fd(dup, interest).map_err(|e| Error::Io {
+            context: "registering the readiness descriptor with tokio (epoll_ctl)",
+            source: e,
+        })?;
         let shared = Shared::new(tx);
         let driver = rt.spawn(driver::drive(shared.clone(), io, ring));
         Ok(Self {
