@@ -198,11 +198,14 @@ pub fn scratch(name: &str) -> PathBuf {
 pub struct Netns(pub Vec<String>);
 
 impl Netns {
-    /// Makes `names` (made unique with the process id) with loopback up.
+    /// Makes `names` with loopback up, unique to this process and this call: tests of one binary
+    /// run in parallel, and two that both asked for "bh" once shared (and deleted) one namespace.
     pub fn new(names: &[&str]) -> Self {
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ns: Vec<String> = names
             .iter()
-            .map(|n| format!("zt{}{n}", std::process::id()))
+            .map(|n| format!("zt{}.{call}{n}", std::process::id()))
             .collect();
         let me = Netns(ns.clone());
         for n in &ns {

@@ -271,6 +271,7 @@ fn poll_millis(d: Duration) -> i32 {
 /// `fcntl(F_DUPFD_CLOEXEC)` of a raw descriptor: a new descriptor for the same open file. A stale
 /// number fails with `EBADF` (or duplicates whatever now has it), never touches memory: the
 /// caller must know `fd` is open, as with any descriptor number.
+#[cfg(feature = "tokio")]
 pub fn dup_raw(fd: RawFd) -> io::Result<OwnedFd> {
     let new = syscall!(fcntl(fd, libc::F_DUPFD_CLOEXEC, 0))?;
     // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
