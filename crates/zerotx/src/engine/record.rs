@@ -133,6 +133,29 @@ impl<B: SendBuf> Record<B> {
     ) {
         let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
         let latency = self.started.map(|t| t.elapsed());
+        if self.bufs.len() == 1 {
+            // One buffer (every datagram, message and fixed-buffer send): what the loop below
+            // does for it, without moving the whole batch into an iterator.
+            let mut bufs = self.bufs;
+            let buf = bufs.pop().expect("a record holds a buffer");
+            let len = buf.as_bytes().len();
+            let bytes = len.min(self.sent);
+            let error = (bytes < len).then(|| {
+                self.error
+                    .unwrap_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))
+            });
+            stats.count_release(path, error.is_some());
+            out.push(Released {
+                buf,
+                report: Report {
+                    bytes,
+                    path,
+                    latency,
+                    error,
+                },
+            });
+            return;
+        }
         let mut sent = self.sent;
         let mut error = self.error;
         let n = self.bufs.len();

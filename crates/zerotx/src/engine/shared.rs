@@ -56,11 +56,12 @@ impl SharedRing {
         self.ring.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Joins the ring as a new owner whose requests go to `fd` (by its registered file slot when
-    /// the ring has one free: see [`Ring`]).
-    pub(crate) fn join(&self, fd: &OwnedFd) -> Result<u16, Error> {
+    /// Joins the ring as a new owner whose requests go to `fd`: by its registered file slot when
+    /// `slot` and the ring has one free (see [`Ring`]), else by the descriptor. Only datagram
+    /// sockets take a slot (see `FILE_SLOTS` in `sys::uring`).
+    pub(crate) fn join(&self, fd: &OwnedFd, slot: bool) -> Result<u16, Error> {
         self.lock()
-            .join(Some(fd.as_raw_fd()))
+            .join(slot.then(|| fd.as_raw_fd()))
             .ok_or_else(|| Error::Config {
                 problem: "more than 65535 senders at once on one ring".into(),
                 fix: "make another UringShared".into(),
@@ -119,8 +120,8 @@ impl SharedRing {
 ///   its parked requests (`IORING_OP_ASYNC_CANCEL`), so they give their ring slots back (a
 ///   zero-copy request that already sent keeps its slot until its notification, when the kernel
 ///   lets go of the pages: with a peer that never reads, until the connection ends). Its SQEs
-///   name the socket through a registered file slot of the ring (when `FILE_SLOTS` allows, off for
-///   now; cleared only once no unsubmitted SQE can name it) or through the sender's own duplicate of
+///   name the socket through a registered file slot of the ring (datagram sockets, while the
+///   ring has a slot free; cleared only once no unsubmitted SQE can name it) or through the sender's own duplicate of
 ///   the descriptor, closed only once no unsubmitted SQE can name it (leaked if `io_uring_enter`
 ///   failed), so the caller's descriptor number can be reused at once without a stale request
 ///   reaching the new socket. The buffers

@@ -203,7 +203,6 @@ struct State<B> {
     broken: Option<i32>,
     held: usize,
     stats: Stats,
-    cqes: Vec<Completion>,
 }
 
 /// How long a sender on a shared ring sleeps before it looks at its inbox again.
@@ -282,7 +281,8 @@ impl<B: SendBuf> UringEngine<B> {
             Some(r) => r.ring.clone(),
             None => SharedRing::new(cfg)?,
         };
-        let owner = ring.join(&fd)?;
+        // A datagram socket names itself by registered file slot (see `FILE_SLOTS`).
+        let owner = ring.join(&fd, !sock.kind.is_ordered())?;
         let cfg = ring.cfg;
         let report = zc && sysu::report_usage();
         Ok(Self {
@@ -318,7 +318,6 @@ impl<B: SendBuf> UringEngine<B> {
                 broken: None,
                 held: 0,
                 stats: Stats::default(),
-                cqes: Vec::new(),
             },
         })
     }
@@ -418,12 +417,18 @@ impl<B: SendBuf> State<B> {
             if self.ordered {
                 self.busy = true;
             }
-            self.to_push.push_back(Next {
+            // `to_push` is empty here (checked above): push at once, and keep the request in
+            // `to_push` only if the SQ refused it, exactly as `flush_pushes` would.
+            let next = Next {
                 op: SendOp::new(rec, self.spare.pop()),
                 zc,
                 resubmits: 0,
-            });
-            self.flush_pushes(ring)?;
+            };
+            if let Err((next, error)) = self.push_request(ring, next) {
+                self.to_push.push_front(next);
+                self.owed = true;
+                return error.map_or(Ok(()), Err);
+            }
         }
     }
 
@@ -533,12 +538,8 @@ impl<B: SendBuf> State<B> {
 
     /// Applies every completion this owner has on the ring.
     fn reap(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) {
-        let mut cqes = std::mem::take(&mut self.cqes);
-        ring.reap_for(self.owner, &mut cqes);
-        for c in cqes.drain(..) {
-            self.on_cqe(c, out);
-        }
-        self.cqes = cqes;
+        let owner = self.owner;
+        ring.reap_with(owner, |c| self.on_cqe(c, out));
     }
 
     /// One CQE: record it; on the first, decide what follows; on the last, take the record back

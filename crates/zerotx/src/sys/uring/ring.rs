@@ -30,7 +30,7 @@
 //!   submit.
 //! - **Never spin.** Pushing into a full SQ enters the kernel once; if the SQ is still full the
 //!   request is handed back and the caller tries again at its next progress.
-//! - **Registered files** (off for now: see [`FILE_SLOTS`]). The ring registers a sparse table of [`FILE_SLOTS`] files
+//! - **Registered files** (datagram sockets only: see [`FILE_SLOTS`]). The ring registers a sparse table of [`FILE_SLOTS`] files
 //!   (`IORING_REGISTER_FILES2`, 5.19); an owner that joins with a descriptor gets the slot of its
 //!   id when there is one (`IORING_REGISTER_FILES_UPDATE`), and its requests name that slot
 //!   (`IOSQE_FIXED_FILE`): the kernel skips a descriptor lookup (`fget`/`fput`) per request, and
@@ -63,15 +63,20 @@ pub(crate) const UNKNOWN: usize = usize::MAX - 1;
 pub(crate) const MAX_REGISTERED: usize = 1 << 30;
 /// Rounds of "drain the CQ, then flush what overflowed into it" per reap.
 const FLUSH_ROUNDS: usize = 4;
-/// Registered file slots per ring: owners with a smaller id name their socket by slot.
+/// Registered file slots per ring: owners with a smaller id that join with a descriptor name their
+/// socket by slot.
 ///
-/// **Off (0) for now.** With 64 slots, one run of the Debian 6.12 guest's slow-reader integrity
-/// check over TCP (`uring-zc` with a registered pool) timed out after 40 s (it takes a few
-/// seconds; its own waits fail after 20 s, so this was either the peer waiting for EOF after the
-/// sender closed, where the file table is a new holder of the socket, or many slow releases).
-/// Not reproduced in 300 runs on 6.18 under CPU load. The slots saved about 1% of samples at
-/// 1472 B; they stay off until the guest says why.
-pub(crate) const FILE_SLOTS: u32 = 0;
+/// **Datagram sockets only.** With 64 slots for every socket, one run of the Debian 6.12 guest's
+/// slow-reader integrity check over TCP (`uring-zc` with a registered pool) timed out after 40 s
+/// (it takes a few seconds; its own waits fail after 20 s, so this was either the peer waiting for
+/// EOF after the sender closed, where the file table is a new holder of the socket, or many slow
+/// releases). Not reproduced in 300 runs on 6.18 under CPU load. So the engine gives a stream or
+/// seqpacket socket no slot (it joins without a descriptor: see
+/// `SharedRing::join`), and a datagram socket, which has
+/// no EOF a peer could wait for, one: the slot saves the kernel's descriptor lookup
+/// (`fget`/`fput`, ~1.5% of samples) per request, measured +3-4% sends per second for
+/// `uring-zc-fixed` at 16 KiB into the UDP black hole (benches/compare-raw-results.md).
+pub(crate) const FILE_SLOTS: u32 = 64;
 
 /// One completion queue entry, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -417,16 +422,22 @@ impl Ring {
         }
     }
 
-    /// Moves `owner`'s inbox into `out`, then drains the CQ (flushing what overflowed): `owner`'s
-    /// CQEs to `out`, the others' to their inboxes. A request leaves the ring with its last CQE,
-    /// whoever reaps it.
+    /// [`reap_with`](Self::reap_with) into a list (the tests' form).
+    #[cfg(test)]
     pub(crate) fn reap_for(&mut self, owner: u16, out: &mut Vec<Completion>) {
+        self.reap_with(owner, |c| out.push(c));
+    }
+
+    /// Hands `owner`'s inbox to `apply`, then drains the CQ (flushing what overflowed): `owner`'s
+    /// CQEs to `apply` as they are read (no list in between), the others' to their inboxes. A
+    /// request leaves the ring with its last CQE, whoever reaps it.
+    pub(crate) fn reap_with(&mut self, owner: u16, mut apply: impl FnMut(Completion)) {
         // What others reaped for it came first: keep each request's CQEs in order.
         if let Some(o) = self.owner(owner) {
-            out.append(&mut o.inbox);
+            o.inbox.drain(..).for_each(&mut apply);
         }
         for _ in 0..FLUSH_ROUNDS {
-            self.drain_cq(owner, out);
+            self.drain_cq(owner, &mut apply);
             if !self.cq_overflow() {
                 break;
             }
@@ -438,8 +449,8 @@ impl Ring {
         }
     }
 
-    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`.
-    fn drain_cq(&mut self, reaper: u16, out: &mut Vec<Completion>) {
+    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`, in order.
+    fn drain_cq(&mut self, reaper: u16, out: &mut impl FnMut(Completion)) {
         let mut gone = Vec::new();
         for e in self.ring.completion() {
             let ud = e.user_data();
@@ -475,7 +486,7 @@ impl Ring {
                 o.live -= 1;
             }
             if who == reaper && !o.left {
-                out.push(Completion { cqe, op });
+                out(Completion { cqe, op });
             } else if !o.left {
                 o.inbox.push(Completion { cqe, op });
             } else {
