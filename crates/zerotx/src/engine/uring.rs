@@ -48,7 +48,6 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
-use slab::Slab;
 use socket2::SockAddr;
 
 use super::shared::{SharedRing, UringShared};
@@ -62,7 +61,7 @@ use crate::engine::{Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
-use crate::sys::uring::{self as sysu, Completion, Refused, Ring, SendKind, SendOp};
+use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp};
 
 /// Ring and batching settings for the io_uring engines: `UringConfig::default()`, then the
 /// `with_` methods.
@@ -123,7 +122,9 @@ enum Then {
     Fail(i32),
 }
 
-/// What the engine knows of a request in the ring (the ring holds its record).
+/// What the engine knows of a request in the ring, kept in the request's own box
+/// ([`SendOp::meta`]), which the ring lends the engine with each CQE: one slot per request.
+#[derive(Debug, Clone, Copy, Default)]
 struct Req {
     /// Sent zero-copy (`SENDMSG_ZC`/`SEND_ZC`).
     zc: bool,
@@ -143,9 +144,12 @@ struct Req {
     resubmits: u32,
 }
 
+/// A request of this engine: a record and the engine's account of it.
+type Op<B> = SendOp<B, Req>;
+
 /// A record due for its next request, in the box that request will use.
 struct Next<B> {
-    op: Box<SendOp<B>>,
+    op: Box<Op<B>>,
     /// Goes zero-copy if it can (else by copy: the `uring` engine, or a fallback).
     zc: bool,
     resubmits: u32,
@@ -183,8 +187,8 @@ struct State<B> {
     cfg: UringConfig,
     /// Destinations boxed: an entry moves twice per send, and most sends have none.
     queue: VecDeque<(B, Option<Box<SockAddr>>)>,
-    /// This sender's requests in the ring, by the index their CQEs carry.
-    reqs: Slab<Req>,
+    /// This sender's requests in the ring (pushed, last CQE not yet applied).
+    in_ring: usize,
     latency: LatencySampler,
     /// An ordered socket's request is out (or waiting to be pushed).
     busy: bool,
@@ -193,7 +197,7 @@ struct State<B> {
     /// Records whose zero-copy request hit the budget, waiting for pinned pages to come back.
     deferred: Vec<Next<B>>,
     /// Boxes of finished requests, for the next ones.
-    spare: Vec<Box<SendOp<B>>>,
+    spare: Vec<Box<Op<B>>>,
     /// What this sender's requests pin now (sum of `Req::pinned`).
     pinned: usize,
     /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
@@ -306,7 +310,7 @@ impl<B: SendBuf> UringEngine<B> {
                 pin_limit: if zc { sysu::pin_limit() } else { None },
                 cfg,
                 queue: VecDeque::new(),
-                reqs: Slab::new(),
+                in_ring: 0,
                 latency: LatencySampler::default(),
                 busy: false,
                 to_push: VecDeque::new(),
@@ -486,7 +490,7 @@ impl<B: SendBuf> State<B> {
         };
         let flags = libc::MSG_NOSIGNAL | if self.merge { libc::MSG_WAITALL } else { 0 };
         op.set(self.raw_fd(), kind, flags);
-        let req = self.reqs.insert(Req {
+        op.meta = Req {
             zc,
             charged: zc && fixed.is_none(),
             len,
@@ -494,15 +498,15 @@ impl<B: SendBuf> State<B> {
             first: None,
             copied: false,
             resubmits,
-        });
-        match ring.push(self.owner, req, op) {
+        };
+        match ring.push(self.owner, 0, op) {
             Ok(()) => {
+                self.in_ring += 1;
                 self.stats.syscalls += 1;
                 Ok(())
             }
             Err(Refused { op, error }) => {
                 // Never queued: the caller keeps the record and pushes it again later.
-                self.reqs.remove(req);
                 let next = Next {
                     op,
                     zc: want_zc,
@@ -539,41 +543,46 @@ impl<B: SendBuf> State<B> {
     /// Applies every completion this owner has on the ring.
     fn reap(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) {
         let owner = self.owner;
-        ring.reap_with(owner, |c| self.on_cqe(c, out));
+        ring.reap_with(owner, |cqe, lent| self.on_cqe(cqe, lent, out));
     }
 
-    /// One CQE: record it; on the first, decide what follows; on the last, take the record back
-    /// and carry that out.
-    fn on_cqe(&mut self, c: Completion, out: &mut Vec<Released<B>>) {
-        let Completion { cqe, op } = c;
+    /// One CQE and its request (lent by the ring, or handed back with its last CQE): record it;
+    /// on the first, decide what follows; on the last, carry that out.
+    fn on_cqe(&mut self, cqe: Cqe, lent: Lent<'_>, out: &mut Vec<Released<B>>) {
         if cqe.req == sysu::CANCEL {
             return; // the cancel of a shutdown: its count of cancelled requests is not needed
         }
-        let Some(req) = self.reqs.get_mut(cqe.req) else {
-            self.stats.bad_completions += 1;
-            return;
-        };
+        match lent {
+            Lent::Live(op) => match op.downcast_mut::<Op<B>>() {
+                Some(op) => self.account(&mut op.meta, cqe, out),
+                None => self.stats.bad_completions += 1,
+            },
+            Lent::Back(op) => match op.downcast::<Op<B>>() {
+                Ok(mut op) => {
+                    self.in_ring -= 1;
+                    self.account(&mut op.meta, cqe, out);
+                    self.on_last(op, out);
+                }
+                // Every request of this owner is an `Op<B>`.
+                Err(_) => self.stats.bad_completions += 1,
+            },
+            Lent::Unknown => self.stats.bad_completions += 1,
+        }
+    }
+
+    /// Records one CQE of `req`: a notification, or its first CQE.
+    fn account(&mut self, req: &mut Req, cqe: Cqe, out: &mut Vec<Released<B>>) {
         if cqe.is_notif() {
             req.copied |= cqe.copied();
             self.stats.completions += 1;
         } else {
-            self.on_first(cqe.req, cqe.res, out);
-        }
-        if !cqe.last {
-            return;
-        }
-        let req = self.reqs.remove(cqe.req);
-        match op.map(|op| op.downcast::<SendOp<B>>()) {
-            Some(Ok(op)) => self.on_last(req, op, out),
-            // The ring hands every request back with its last CQE, to its owner.
-            _ => self.stats.bad_completions += 1,
+            self.on_first(req, cqe.res, out);
         }
     }
 
     /// A request's first CQE: account bytes and pinned pages, decide what follows, let the next
     /// record of an ordered socket go if this one went whole, and end the stream if it failed.
-    fn on_first(&mut self, idx: usize, res: i32, out: &mut Vec<Released<B>>) {
-        let req = &mut self.reqs[idx];
+    fn on_first(&mut self, req: &mut Req, res: i32, out: &mut Vec<Released<B>>) {
         if req.charged && res > 0 {
             req.pinned = sysu::pin_charge(res as usize);
             self.pinned += req.pinned;
@@ -618,7 +627,8 @@ impl<B: SendBuf> State<B> {
     }
 
     /// A request's last CQE: its record is back. Release it, or push what follows.
-    fn on_last(&mut self, req: Req, mut op: Box<SendOp<B>>, out: &mut Vec<Released<B>>) {
+    fn on_last(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
+        let req = op.meta;
         if req.pinned > 0 {
             self.pinned -= req.pinned;
             self.pinning -= 1;
@@ -702,7 +712,7 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Gives a record back with its report, and keeps its request's box for the next one.
-    fn release(&mut self, op: Box<SendOp<B>>, out: &mut Vec<Released<B>>) {
+    fn release(&mut self, op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
         let (rec, op) = op.take();
         if self.spare.len() < self.cfg.entries as usize {
             self.spare.push(op);
@@ -733,7 +743,7 @@ impl<B: SendBuf> State<B> {
     /// never closed. A cancel that finds no room is tried again once the SQ drained.
     fn withdraw(&mut self, ring: &mut Ring) {
         let (owner, fd) = (self.owner, self.raw_fd());
-        let mut cancel = !self.reqs.is_empty();
+        let mut cancel = self.in_ring > 0;
         for _ in 0..2 {
             if cancel && matches!(ring.push_cancel(owner, fd), Ok(true)) {
                 cancel = false;
@@ -779,7 +789,7 @@ impl<B: SendBuf> State<B> {
         let kept = self.held;
         ring.leave(self.owner);
         self.left = true;
-        self.reqs.clear();
+        self.in_ring = 0;
         self.held = 0;
         kept
     }

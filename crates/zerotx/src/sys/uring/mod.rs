@@ -15,7 +15,7 @@ mod op;
 mod ring;
 
 pub(crate) use op::{SendKind, SendOp};
-pub(crate) use ring::{Completion, Refused, Ring, CANCEL, MAX_REGISTERED};
+pub(crate) use ring::{Cqe, Lent, Refused, Ring, CANCEL, MAX_REGISTERED};
 
 use std::cell::Cell;
 use std::io;

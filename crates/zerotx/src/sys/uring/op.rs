@@ -22,9 +22,11 @@ use crate::engine::record::Record;
 /// # Safety
 /// The entry [`entry`](Op::entry) returns may point only at memory the value owns: its own fields,
 /// or the bytes of the [`SendBuf`]s it holds. All of it must stay valid, in place and unchanged
-/// for as long as the value lives at the address `entry` was called on, without anyone touching
-/// the value (the ring keeps it boxed and untouched until the request's last CQE, then hands the
-/// box back; it never drops one earlier).
+/// for as long as the value lives at the address `entry` was called on (the ring keeps it boxed
+/// until the request's last CQE, then hands the box back; it never drops one earlier). Between
+/// CQEs the ring lends the value to its owner by reference ([`Lent::Live`](super::Lent::Live)):
+/// the type must offer that owner no way to change what the entry points at (for [`SendOp`]:
+/// only [`SendOp::meta`] may change while the ring holds it).
 pub(crate) unsafe trait Op: Any + Send {
     /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
     /// A request on a socket names it as registered file `file` (`IOSQE_FIXED_FILE`) when given.
@@ -69,8 +71,13 @@ pub(crate) enum SendKind {
     },
 }
 
-/// One send request: the unsent part of a [`Record`], on descriptor `fd`.
-pub(crate) struct SendOp<B> {
+/// One send request: the unsent part of a [`Record`], on descriptor `fd`, and what its owner
+/// keeps of it (`M`) in the same box, so a request is one allocation and one ring slot from its
+/// push to its last CQE.
+pub(crate) struct SendOp<B, M = ()> {
+    /// The owner's own account of the request. No SQE points at it: the only part of a request
+    /// its owner may change while the ring holds it (at each CQE the ring lends it).
+    pub(crate) meta: M,
     /// `None` only while the engine keeps the box for reuse.
     rec: Option<Record<B>>,
     fd: RawFd,
@@ -86,9 +93,9 @@ pub(crate) struct SendOp<B> {
 // SAFETY: the raw pointers in `iov` and `msg` point into this value's own fields and into the
 // bytes of its `SendBuf`s (which are `Send`); nothing here dereferences them, only the kernel
 // reads through them, so the request may move to another thread with its engine or ring.
-unsafe impl<B: Send> Send for SendOp<B> {}
+unsafe impl<B: Send, M: Send> Send for SendOp<B, M> {}
 
-impl<B: SendBuf> SendOp<B> {
+impl<B: SendBuf, M: Default> SendOp<B, M> {
     /// A request for `rec`, in `spare` (a finished request's box) if there is one.
     pub(crate) fn new(rec: Record<B>, spare: Option<Box<Self>>) -> Box<Self> {
         match spare {
@@ -97,6 +104,7 @@ impl<B: SendBuf> SendOp<B> {
                 op
             }
             None => Box::new(Self {
+                meta: M::default(),
                 rec: Some(rec),
                 fd: -1,
                 kind: SendKind::Copy,
@@ -135,11 +143,13 @@ impl<B: SendBuf> SendOp<B> {
 // SAFETY: the entry points at `self.iov` and `self.msg` (fields of the value), at the record's
 // destination (boxed inside the record, which the value owns) and at the unsent bytes of the
 // record's buffers, which `SendBuf` promises stay in place and unchanged while the buffers live:
-// they live in the value. `rec` is replaced only by its owner, never while a ring holds the value.
-unsafe impl<B: SendBuf> Op for SendOp<B> {
+// they live in the value. `rec` is replaced only by its owner, never while a ring holds the value;
+// `meta`, which the owner may change while the ring lends it the value, is not pointed at.
+unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry {
         let bad = super::take_bad_sqe();
         let Self {
+            meta: _,
             rec,
             fd,
             kind,

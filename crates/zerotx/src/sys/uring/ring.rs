@@ -1,11 +1,13 @@
 //! The io_uring instance: submission, completion, and the memory of every request in between.
 //!
 //! - **Requests own their memory.** [`Ring::push`] takes a boxed [`Op`] (which built its own SQE)
-//!   and keeps it, untouched, until the request's **last** CQE: the notification of a zero-copy
-//!   send, or a first CQE without `IORING_CQE_F_MORE` (a notification may come before or after
-//!   its request's first CQE: both are awaited). Then the box is handed back with that CQE
-//!   ([`Completion::op`]), type-erased (`Box<dyn Any + Send>`: one ring carries senders of
-//!   different buffer types); its owner downcasts it.
+//!   and keeps it in its one slot until the request's **last** CQE: the notification of a
+//!   zero-copy send, or a first CQE without `IORING_CQE_F_MORE` (a notification may come before or
+//!   after its request's first CQE: both are awaited). Each earlier CQE reaches the owner with the
+//!   request lent by reference ([`Lent::Live`]: the owner keeps its own account of the request in
+//!   it, no table of its own); the last hands the box back ([`Lent::Back`]). Type-erased
+//!   (`dyn Any + Send`: one ring carries senders of different buffer types); its owner downcasts
+//!   it.
 //! - **Requests that are never handed back are leaked, never freed.** A request of an owner that
 //!   left (its sender was closed or dropped with the request in flight) is forgotten when its last
 //!   CQE arrives, and so is one still in the ring when the ring is dropped. The first keeps the
@@ -16,9 +18,12 @@
 //!   kernel may still read their memory after the ring is gone.
 //! - **Owners.** Each sender on a ring is an *owner*; its requests carry the owner id in the top
 //!   16 bits of `user_data` (the ring's slot of the request in the others). Whoever reaps the
-//!   completion queue routes each CQE to its owner's inbox, so a sender never loses a completion
-//!   another sender happened to reap. An owner's id is given to a new sender only once the owner
-//!   left *and* its last request finished, so no stale CQE reaches the newcomer.
+//!   completion queue hands the reaper's own CQEs to it at once and routes the others' to their
+//!   owners' inboxes, so a sender never loses a completion another sender happened to reap. A
+//!   request whose last CQE waits in an inbox keeps its slot until its owner claims it (so the
+//!   owner finds it there, and the slot cannot be reused under the CQE). An owner's id is given to
+//!   a new sender only once the owner left *and* its last request finished, so no stale CQE
+//!   reaches the newcomer.
 //! - **Submission.** `io_uring_enter` stops at the first SQE whose preparation fails (that one gets
 //!   an error CQE) and leaves the rest in the SQ ring, so what is still unsubmitted is always read
 //!   from the ring itself, never counted from what was pushed.
@@ -83,7 +88,7 @@ pub(crate) const FILE_SLOTS: u32 = 64;
 pub(crate) struct Cqe {
     /// The owner whose request it completes (from the top bits of `user_data`).
     pub(crate) owner: u16,
-    /// The index the owner gave the request when it pushed it ([`CANCEL`] for its cancel).
+    /// The tag the owner gave the request when it pushed it ([`CANCEL`] for its cancel).
     pub(crate) req: usize,
     /// Bytes, `-errno`, or a notification's usage report.
     pub(crate) res: i32,
@@ -91,6 +96,8 @@ pub(crate) struct Cqe {
     pub(crate) flags: u32,
     /// The request's last CQE: the kernel is done with it and its memory.
     pub(crate) last: bool,
+    /// The ring's slot of the request ([`UNKNOWN`] if none).
+    slot: usize,
 }
 
 impl Cqe {
@@ -111,11 +118,23 @@ impl Cqe {
     }
 }
 
-/// A [`Cqe`] as an owner reaps it.
+/// The request a [`Cqe`] completes, as [`Ring::reap_with`] gives it to its owner.
+pub(crate) enum Lent<'a> {
+    /// Not its last CQE: the request stays in the ring. Its owner may change only what no SQE
+    /// points at (see [`Op`]).
+    Live(&'a mut (dyn Any + Send)),
+    /// Its last CQE: the request, handed back (downcast it to the type pushed).
+    Back(Box<dyn Any + Send>),
+    /// The CQE names no request of the ring (a kernel bug).
+    Unknown,
+}
+
+/// A [`Cqe`] and, with its last CQE, the request handed back (the tests' form of [`Lent`]).
+#[cfg(test)]
 pub(crate) struct Completion {
     /// The entry.
     pub(crate) cqe: Cqe,
-    /// With the request's last CQE: the request, handed back (downcast it to the type pushed).
+    /// With the request's last CQE: the request, handed back.
     pub(crate) op: Option<Box<dyn Any + Send>>,
 }
 
@@ -138,8 +157,9 @@ struct Slot {
 
 /// A sender on the ring.
 struct Owner {
-    inbox: Vec<Completion>,
-    /// Requests pushed and not yet finished (their last CQE not reaped).
+    /// CQEs another owner reaped for it, in order; their requests stay in their slots.
+    inbox: Vec<Cqe>,
+    /// Requests pushed and not yet handed back (their slots).
     live: usize,
     /// The sender is gone; its id comes free when `live` reaches 0.
     left: bool,
@@ -153,6 +173,8 @@ pub(crate) struct Ring {
     entries: u32,
     batch: usize,
     slots: Slab<Slot>,
+    /// Slots whose last CQE waits in an inbox: finished, not in flight.
+    unclaimed: usize,
     /// By owner id (ids are handed out densely and reused, so this stays as long as the most
     /// owners ever on the ring at once).
     owners: Vec<Option<Owner>>,
@@ -186,6 +208,7 @@ impl Ring {
             entries,
             batch,
             slots: Slab::new(),
+            unclaimed: 0,
             owners: Vec::new(),
             free_ids: Vec::new(),
             next_owner: 0,
@@ -235,12 +258,18 @@ impl Ring {
     /// The owner left: its requests still in flight, and those already finished but not reaped,
     /// are leaked (see the module docs), and its id is reused once its last request finished.
     pub(crate) fn leave(&mut self, owner: u16) {
-        let Some(o) = self.owner(owner) else {
+        let Some(o) = self
+            .owners
+            .get_mut(usize::from(owner))
+            .and_then(Option::as_mut)
+        else {
             return;
         };
         o.left = true;
-        for c in o.inbox.drain(..) {
-            std::mem::forget(c.op);
+        for cqe in o.inbox.drain(..).filter(|c| c.last) {
+            std::mem::forget(self.slots.remove(cqe.slot).op);
+            o.live -= 1;
+            self.unclaimed -= 1;
         }
         o.inbox = Vec::new();
         let live = o.live;
@@ -279,7 +308,7 @@ impl Ring {
 
     /// Requests pushed and not yet finished, every owner's.
     pub(crate) fn in_flight(&self) -> usize {
-        self.slots.len()
+        self.slots.len() - self.unclaimed
     }
 
     /// `io_uring_enter` calls made so far.
@@ -289,7 +318,7 @@ impl Ring {
 
     /// Requests may be added without overflowing the CQ.
     pub(crate) fn has_room(&self) -> bool {
-        self.slots.len() < self.entries as usize
+        self.in_flight() < self.entries as usize
     }
 
     /// SQEs in the SQ ring that the kernel has not consumed, every owner's.
@@ -302,7 +331,7 @@ impl Ring {
         self.ring.submission().cq_overflow()
     }
 
-    /// Queues `op` for `owner` as its request `req` (the index its CQEs will carry). A full SQ is
+    /// Queues `op` for `owner` as its request `req` (the tag its CQEs will carry). A full SQ is
     /// met with one `io_uring_enter`; if it is still full, or that enter failed, `op` comes back
     /// unqueued. The ring keeps a queued `op` until its last CQE.
     pub(crate) fn push<O: Op>(
@@ -317,8 +346,10 @@ impl Ring {
             .entry(file)
             .user_data((u64::from(owner) << OWNER_SHIFT) | slot as u64);
         // SAFETY: the entry points only at memory `op` owns (the `Op` contract), in its box. The
-        // box goes into slot `slot` below, untouched, and leaves it only with the request's last
-        // CQE (or is leaked: see the module docs). If the push fails, nothing was queued.
+        // box goes into slot `slot` below and leaves it only with the request's last CQE (or is
+        // leaked: see the module docs); until then it is only lent by reference, and the `Op`
+        // contract keeps what the entry points at unchanged. If the push fails, nothing was
+        // queued.
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             if let Err(e) = self.submit() {
                 return Err(Refused { op, error: Some(e) });
@@ -412,7 +443,7 @@ impl Ring {
     /// completion would come to wake a waiter), or if completions overflowed.
     pub(crate) fn submit_if_due(&mut self) -> io::Result<()> {
         let pending = self.sq_len();
-        let submitted_in_flight = self.slots.len().saturating_sub(pending);
+        let submitted_in_flight = self.in_flight().saturating_sub(pending);
         if (pending > 0 && (pending >= self.batch || submitted_in_flight == 0))
             || self.cq_overflow()
         {
@@ -425,16 +456,35 @@ impl Ring {
     /// [`reap_with`](Self::reap_with) into a list (the tests' form).
     #[cfg(test)]
     pub(crate) fn reap_for(&mut self, owner: u16, out: &mut Vec<Completion>) {
-        self.reap_with(owner, |c| out.push(c));
+        self.reap_with(owner, |cqe, lent| {
+            let op = match lent {
+                Lent::Back(op) => Some(op),
+                Lent::Live(_) | Lent::Unknown => None,
+            };
+            out.push(Completion { cqe, op });
+        });
     }
 
     /// Hands `owner`'s inbox to `apply`, then drains the CQ (flushing what overflowed): `owner`'s
-    /// CQEs to `apply` as they are read (no list in between), the others' to their inboxes. A
-    /// request leaves the ring with its last CQE, whoever reaps it.
-    pub(crate) fn reap_with(&mut self, owner: u16, mut apply: impl FnMut(Completion)) {
+    /// CQEs to `apply` as they are read (no list in between), the others' to their inboxes. Each
+    /// CQE comes with its request, lent or (with its last CQE) handed back ([`Lent`]).
+    pub(crate) fn reap_with(&mut self, owner: u16, mut apply: impl FnMut(Cqe, Lent<'_>)) {
         // What others reaped for it came first: keep each request's CQEs in order.
-        if let Some(o) = self.owner(owner) {
-            o.inbox.drain(..).for_each(&mut apply);
+        if let Some(o) = self
+            .owners
+            .get_mut(usize::from(owner))
+            .and_then(Option::as_mut)
+        {
+            if !o.inbox.is_empty() {
+                let mut inbox = std::mem::take(&mut o.inbox);
+                for cqe in inbox.drain(..) {
+                    if cqe.last {
+                        self.unclaimed -= 1;
+                    }
+                    lend(&mut self.slots, o, cqe, &mut apply);
+                }
+                o.inbox = inbox;
+            }
         }
         for _ in 0..FLUSH_ROUNDS {
             self.drain_cq(owner, &mut apply);
@@ -449,8 +499,9 @@ impl Ring {
         }
     }
 
-    /// Moves every CQE to its owner's inbox, `reaper`'s straight to `out`, in order.
-    fn drain_cq(&mut self, reaper: u16, out: &mut impl FnMut(Completion)) {
+    /// Hands every CQE of `reaper` to `apply`, and moves the others' to their owners' inboxes, in
+    /// order.
+    fn drain_cq(&mut self, reaper: u16, apply: &mut impl FnMut(Cqe, Lent<'_>)) {
         let mut gone = Vec::new();
         for e in self.ring.completion() {
             let ud = e.user_data();
@@ -461,6 +512,7 @@ impl Ring {
                 res: e.result(),
                 flags: e.flags(),
                 last: false,
+                slot: UNKNOWN,
             };
             let who = cqe.owner;
             if let Some(s) = self.slots.get_mut(idx).filter(|s| s.owner == who) {
@@ -472,29 +524,36 @@ impl Ring {
                 }
                 cqe.req = s.req;
                 cqe.last = s.first && s.notif;
+                cqe.slot = idx;
             }
-            let op = cqe.last.then(|| self.slots.remove(idx).op);
-            // No owner: a test hook's request, dropped (the kernel is done with it).
             let Some(o) = self
                 .owners
                 .get_mut(usize::from(who))
                 .and_then(Option::as_mut)
             else {
+                // No owner: a test hook's request, dropped (the kernel is done with it).
+                if cqe.last {
+                    self.slots.remove(idx);
+                }
                 continue;
             };
-            if cqe.last {
-                o.live -= 1;
-            }
-            if who == reaper && !o.left {
-                out(Completion { cqe, op });
-            } else if !o.left {
-                o.inbox.push(Completion { cqe, op });
-            } else {
-                // Its sender counted it as kept: leak it (see the module docs).
-                std::mem::forget(op);
-                if o.live == 0 {
-                    gone.push(who);
+            if o.left {
+                if cqe.last {
+                    // Its sender counted it as kept: leak it (see the module docs).
+                    std::mem::forget(self.slots.remove(idx).op);
+                    o.live -= 1;
+                    if o.live == 0 {
+                        gone.push(who);
+                    }
                 }
+            } else if who == reaper {
+                lend(&mut self.slots, o, cqe, apply);
+            } else {
+                // Its request keeps its slot until its owner claims this CQE.
+                if cqe.last {
+                    self.unclaimed += 1;
+                }
+                o.inbox.push(cqe);
             }
         }
         for who in gone {
@@ -524,6 +583,19 @@ impl Ring {
     /// The pool registered as fixed buffer 0, if any.
     pub(crate) fn registered(&self) -> Option<&BufPool> {
         self.pool.as_ref()
+    }
+}
+
+/// Gives `cqe` to `apply` with its request from `slots`: lent, or handed back (and its slot freed)
+/// with the request's last CQE.
+fn lend(slots: &mut Slab<Slot>, o: &mut Owner, cqe: Cqe, apply: &mut impl FnMut(Cqe, Lent<'_>)) {
+    match cqe.slot {
+        UNKNOWN => apply(cqe, Lent::Unknown),
+        idx if cqe.last => {
+            o.live -= 1;
+            apply(cqe, Lent::Back(slots.remove(idx).op));
+        }
+        idx => apply(cqe, Lent::Live(&mut *slots[idx].op)),
     }
 }
 
@@ -697,7 +769,6 @@ mod tests {
     /// socket, only once no SQE can name it: an SQE still unsubmitted when its owner leaves goes to
     /// the owner's socket (not `EBADF`, not the newcomer's socket).
     #[test]
-    #[ignore = "registered file slots are off (FILE_SLOTS = 0): see its docs"]
     fn a_file_slot_outlives_the_sqes_that_name_it() {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut ring = Ring::new(8, 8).unwrap();
