@@ -431,6 +431,9 @@ impl<B: SendBuf> Sender<B> {
         self.submit(buf, Some(dest.into().into()))
     }
 
+    // Inlined so that a caller passing `None` does not copy the 136 bytes of an
+    // `Option<SockAddr>` into the engine's call (measured: a memcpy per send).
+    #[inline(always)]
     fn submit(&mut self, buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {
         let sock = self.sock();
         if buf.as_bytes().is_empty() {
@@ -561,6 +564,7 @@ impl<B: SendBuf> Sender<B> {
         self.send_blocking(buf, Some(dest.into().into()), None)
     }
 
+    #[inline]
     fn send_blocking(
         &mut self,
         mut buf: B,
