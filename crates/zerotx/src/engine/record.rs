@@ -70,6 +70,30 @@ impl<B: SendBuf> Record<B> {
         }
     }
 
+    /// Makes this record, whose buffers were all released ([`release_in_place`]), a new record of
+    /// `buf`, as [`new`](Self::new) would, in place: an io_uring request's record stays in its
+    /// box from one send to the next instead of being built elsewhere and moved in.
+    ///
+    /// [`release_in_place`]: Self::release_in_place
+    pub(crate) fn refill(&mut self, buf: B, dest: Option<Box<SockAddr>>, started: Option<Instant>) {
+        debug_assert!(
+            self.bufs.is_empty(),
+            "refill of a record that holds buffers"
+        );
+        self.total = buf.as_bytes().len();
+        self.bufs.clear();
+        self.bufs.push(buf);
+        self.dest = dest;
+        self.sent = 0;
+        self.copy = None;
+        self.auto_zc = false;
+        self.probe = false;
+        self.charge = 0;
+        self.kernel_copied = false;
+        self.error = None;
+        self.started = started;
+    }
+
     /// Appends `buf` to a byte-stream batch (no destination).
     pub(crate) fn push(&mut self, buf: B) {
         self.total += buf.as_bytes().len();
@@ -122,26 +146,39 @@ impl<B: SendBuf> Record<B> {
         })
     }
 
+    /// Gives every buffer back with its report, counted in `stats`: see
+    /// [`release_in_place`](Self::release_in_place).
+    pub(crate) fn release(
+        mut self,
+        zerocopy_engine: bool,
+        stats: &mut Stats,
+        out: &mut Vec<Released<B>>,
+    ) {
+        self.release_in_place(zerocopy_engine, stats, out);
+    }
+
     /// Gives every buffer back with its report, counted in `stats`: the only place a [`Released`]
     /// is made. A batch's bytes are assigned in order; every buffer that did not go whole carries
-    /// the error.
-    pub(crate) fn release(
-        self,
+    /// the error. Leaves the record without buffers, error or destination, ready for
+    /// [`refill`](Self::refill).
+    pub(crate) fn release_in_place(
+        &mut self,
         zerocopy_engine: bool,
         stats: &mut Stats,
         out: &mut Vec<Released<B>>,
     ) {
         let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
         let latency = self.started.map(|t| t.elapsed());
+        self.dest = None;
         if self.bufs.len() == 1 {
             // One buffer (every datagram, message and fixed-buffer send): what the loop below
-            // does for it, without moving the whole batch into an iterator.
-            let mut bufs = self.bufs;
-            let buf = bufs.pop().expect("a record holds a buffer");
+            // does for it, without a batch's iterator.
+            let buf = self.bufs.pop().expect("a record holds a buffer");
             let len = buf.as_bytes().len();
             let bytes = len.min(self.sent);
             let error = (bytes < len).then(|| {
                 self.error
+                    .take()
                     .unwrap_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))
             });
             stats.count_release(path, error.is_some());
@@ -157,9 +194,9 @@ impl<B: SendBuf> Record<B> {
             return;
         }
         let mut sent = self.sent;
-        let mut error = self.error;
+        let mut error = self.error.take();
         let n = self.bufs.len();
-        for (i, buf) in self.bufs.into_iter().enumerate() {
+        for (i, buf) in self.bufs.drain(..).enumerate() {
             let len = buf.as_bytes().len();
             let bytes = len.min(sent);
             sent -= bytes;

@@ -389,7 +389,9 @@ impl<B: SendBuf> State<B> {
             // A record sent by copy batches whatever its memory (registered or not).
             let fixed = fixed && zc;
             let (first, dest) = self.queue.pop_front().expect("queue not empty");
-            let mut rec = Record::new(first, dest, self.latency.next());
+            // The record is made in the box its request will use (a finished request's).
+            let mut op = SendOp::for_buf(self.spare.pop(), first, dest, self.latency.next());
+            let rec = op.record_mut();
             if let Some(probe) = chosen {
                 rec.auto_zc = true;
                 rec.probe = probe;
@@ -424,7 +426,7 @@ impl<B: SendBuf> State<B> {
             // `to_push` is empty here (checked above): push at once, and keep the request in
             // `to_push` only if the SQ refused it, exactly as `flush_pushes` would.
             let next = Next {
-                op: SendOp::new(rec, self.spare.pop()),
+                op,
                 zc,
                 resubmits: 0,
             };
@@ -712,16 +714,16 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Gives a record back with its report, and keeps its request's box for the next one.
-    fn release(&mut self, op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
-        let (rec, op) = op.take();
-        if self.spare.len() < self.cfg.entries as usize {
-            self.spare.push(op);
-        }
+    fn release(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
+        let rec = op.record();
         self.held -= rec.bufs.len();
         if let (Some(auto), Some((copied, probe))) = (&mut self.auto, rec.outcome()) {
             auto.observe(copied, probe, rec.bufs.len() as u32);
         }
-        rec.release(self.zc, &mut self.stats, out);
+        op.release(self.zc, &mut self.stats, out);
+        if self.spare.len() < self.cfg.entries as usize {
+            self.spare.push(op);
+        }
     }
 
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued

@@ -10,12 +10,15 @@
 
 use std::any::Any;
 use std::os::fd::RawFd;
+use std::time::Instant;
 
 use io_uring::{opcode, squeue, types};
 use smallvec::SmallVec;
+use socket2::SockAddr;
 
 use crate::buf::SendBuf;
 use crate::engine::record::Record;
+use crate::report::{Released, Stats};
 
 /// A request a ring can carry.
 ///
@@ -115,6 +118,38 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
         }
     }
 
+    /// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished
+    /// request's box) if there is one: its record is refilled in place, not built and moved in.
+    pub(crate) fn for_buf(
+        spare: Option<Box<Self>>,
+        buf: B,
+        dest: Option<Box<SockAddr>>,
+        started: Option<Instant>,
+    ) -> Box<Self> {
+        match spare {
+            Some(mut op) => {
+                match &mut op.rec {
+                    Some(rec) => rec.refill(buf, dest, started),
+                    None => op.rec = Some(Record::new(buf, dest, started)),
+                }
+                op
+            }
+            None => Self::new(Record::new(buf, dest, started), None),
+        }
+    }
+
+    /// Gives the record's buffers back ([`Record::release_in_place`]) and keeps the emptied
+    /// record in the box for [`for_buf`](Self::for_buf).
+    pub(crate) fn release(
+        &mut self,
+        zerocopy_engine: bool,
+        stats: &mut Stats,
+        out: &mut Vec<Released<B>>,
+    ) {
+        self.record_mut()
+            .release_in_place(zerocopy_engine, stats, out);
+    }
+
     /// The record this request sends.
     pub(crate) fn record(&self) -> &Record<B> {
         self.rec.as_ref().expect("a request holds its record")
@@ -133,7 +168,9 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
         self.flags = flags;
     }
 
-    /// The record back, and the empty box for the next request.
+    /// The record back, and the empty box for the next request (the tests' form of
+    /// [`release`](Self::release)).
+    #[cfg(test)]
     pub(crate) fn take(mut self: Box<Self>) -> (Record<B>, Box<Self>) {
         let rec = self.rec.take().expect("a request holds its record");
         (rec, self)
