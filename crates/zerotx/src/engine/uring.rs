@@ -352,12 +352,16 @@ impl<B: SendBuf> State<B> {
         policy::may_pin(sysu::pin_charge(bytes), self.pin_limit)
     }
 
+    /// Order, the in-flight cap and the requests waiting to be pushed let a new request form.
+    fn may_issue(&self, ring: &Ring) -> bool {
+        self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room()
+    }
+
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them.
     fn issue(&mut self, ring: &mut Ring) -> io::Result<()> {
         let region = self.fixed_region(ring);
         loop {
-            let blocked = self.ordered && self.busy;
-            if !self.to_push.is_empty() || self.queue.is_empty() || blocked || !ring.has_room() {
+            if self.queue.is_empty() || !self.may_issue(ring) {
                 return Ok(());
             }
             let fixed = {
@@ -389,53 +393,73 @@ impl<B: SendBuf> State<B> {
             // A record sent by copy batches whatever its memory (registered or not).
             let fixed = fixed && zc;
             let (first, dest) = self.queue.pop_front().expect("queue not empty");
-            // The record is made in the box its request will use (a finished request's).
-            let mut op = SendOp::for_buf(self.spare.pop(), first, dest, self.latency.next());
-            let rec = op.record_mut();
-            if let Some(probe) = chosen {
-                rec.auto_zc = true;
-                rec.probe = probe;
-            }
-            rec.copy = copy_reason;
-            // A byte-stream request carries several buffers as one iovec (as many as half the
-            // locked-memory limit lets two requests pin at once, and at most
-            // `MAX_STREAM_REQUEST` bytes); a fixed-buffer request, a
-            // message and a datagram carry one. So does `auto`'s probe: it asks whether the route
-            // still copies, and one buffer answers that (a batch would send up to 2 MiB zero-copy
-            // on a route that copies it all).
-            let probe = chosen == Some(true);
-            while self.merge && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
-                let next = match self.queue.front() {
-                    Some((b, _)) if !zc || fixed_index(region, self.merge, b).is_none() => {
-                        b.as_bytes().len()
-                    }
-                    _ => break,
-                };
-                let limit = if zc { self.pin_limit } else { None };
-                if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
-                    break;
-                }
-                if rec.total + next > policy::MAX_STREAM_REQUEST {
-                    break;
-                }
-                rec.push(self.queue.pop_front().expect("front exists").0);
-            }
-            if self.ordered {
-                self.busy = true;
-            }
-            // `to_push` is empty here (checked above): push at once, and keep the request in
-            // `to_push` only if the SQ refused it, exactly as `flush_pushes` would.
-            let next = Next {
-                op,
-                zc,
-                resubmits: 0,
-            };
-            if let Err((next, error)) = self.push_request(ring, next) {
-                self.to_push.push_front(next);
-                self.owed = true;
-                return error.map_or(Ok(()), Err);
+            if !self.form(ring, region, (first, dest), zc, fixed, chosen, copy_reason)? {
+                return Ok(());
             }
         }
+    }
+
+    /// Forms a record of `first` (on a byte stream with the queued buffers after it, unless
+    /// `fixed` or a probe) and pushes its request. `false`: the SQ refused it, and it waits in
+    /// `to_push`.
+    #[allow(clippy::too_many_arguments)]
+    fn form(
+        &mut self,
+        ring: &mut Ring,
+        region: Option<u64>,
+        (first, dest): (B, Option<Box<SockAddr>>),
+        zc: bool,
+        fixed: bool,
+        chosen: Option<bool>,
+        copy_reason: Option<CopyReason>,
+    ) -> io::Result<bool> {
+        // The record is made in the box its request will use (a finished request's).
+        let mut op = SendOp::for_buf(self.spare.pop(), first, dest, self.latency.next());
+        let rec = op.record_mut();
+        if let Some(probe) = chosen {
+            rec.auto_zc = true;
+            rec.probe = probe;
+        }
+        rec.copy = copy_reason;
+        // A byte-stream request carries several buffers as one iovec (as many as half the
+        // locked-memory limit lets two requests pin at once, and at most
+        // `MAX_STREAM_REQUEST` bytes); a fixed-buffer request, a
+        // message and a datagram carry one. So does `auto`'s probe: it asks whether the route
+        // still copies, and one buffer answers that (a batch would send up to 2 MiB zero-copy
+        // on a route that copies it all).
+        let probe = chosen == Some(true);
+        while self.merge && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
+            let next = match self.queue.front() {
+                Some((b, _)) if !zc || fixed_index(region, self.merge, b).is_none() => {
+                    b.as_bytes().len()
+                }
+                _ => break,
+            };
+            let limit = if zc { self.pin_limit } else { None };
+            if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
+                break;
+            }
+            if rec.total + next > policy::MAX_STREAM_REQUEST {
+                break;
+            }
+            rec.push(self.queue.pop_front().expect("front exists").0);
+        }
+        if self.ordered {
+            self.busy = true;
+        }
+        // `to_push` is empty here (the caller checked `may_issue`): push at once, and keep the
+        // request in `to_push` only if the SQ refused it, exactly as `flush_pushes` would.
+        let next = Next {
+            op,
+            zc,
+            resubmits: 0,
+        };
+        if let Err((next, error)) = self.push_request(ring, next) {
+            self.to_push.push_front(next);
+            self.owed = true;
+            return error.map_or(Ok(false), Err);
+        }
+        Ok(true)
     }
 
     /// Pushes the requests that are due, in order. Stops, keeping the rest, when the SQ stays
@@ -834,10 +858,22 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                 return Err(SendError::WouldBlock(buf));
             }
         }
-        st.queue.push_back((buf, dest.map(Box::new)));
         st.held += 1;
         st.stats.sends += 1;
-        let res = st.issue(&mut ring).and_then(|()| ring.submit_if_due());
+        let dest = dest.map(Box::new);
+        let res = if st.queue.is_empty() && st.auto.is_none() && st.may_issue(&ring) {
+            // Nothing queued before it: form its request at once, as `issue` would after
+            // queueing it (no trip through the queue).
+            let region = st.fixed_region(&ring);
+            let (zc, merge) = (st.zc, st.merge);
+            let fixed = zc && fixed_index(region, merge, &buf).is_some();
+            st.form(&mut ring, region, (buf, dest), zc, fixed, None, None)
+                .map(drop)
+        } else {
+            st.queue.push_back((buf, dest));
+            st.issue(&mut ring)
+        };
+        let res = res.and_then(|()| ring.submit_if_due());
         // The buffer is queued either way; the next progress enters again and reports a failure.
         if res.is_err() {
             st.owed = true;
