@@ -579,8 +579,8 @@ impl<B: SendBuf> State<B> {
             return; // the cancel of a shutdown: its count of cancelled requests is not needed
         }
         match lent {
-            Lent::Live(op) => match op.downcast_mut::<Op<B>>() {
-                Some(op) => self.account(&mut op.meta, cqe, out),
+            Lent::Live(meta) => match meta.downcast_mut::<Req>() {
+                Some(req) => self.account(req, cqe, out),
                 None => self.stats.bad_completions += 1,
             },
             Lent::Back(op) => match op.downcast::<Op<B>>() {

@@ -27,13 +27,17 @@ use crate::report::{Released, Stats};
 /// or the bytes of the [`SendBuf`]s it holds. All of it must stay valid, in place and unchanged
 /// for as long as the value lives at the address `entry` was called on (the ring keeps it boxed
 /// until the request's last CQE, then hands the box back; it never drops one earlier). Between
-/// CQEs the ring lends the value to its owner by reference ([`Lent::Live`](super::Lent::Live)):
-/// the type must offer that owner no way to change what the entry points at (for [`SendOp`]:
-/// only [`SendOp::meta`] may change while the ring holds it).
+/// CQEs the ring lends its owner only what [`meta`](Op::meta) returns
+/// ([`Lent::Live`](super::Lent::Live)), so [`meta`](Op::meta) must return memory no entry points
+/// at.
 pub(crate) unsafe trait Op: Any + Send {
     /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
     /// A request on a socket names it as registered file `file` (`IOSQE_FIXED_FILE`) when given.
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry;
+
+    /// The part of the request its owner may read and change while the ring holds it (each CQE
+    /// before the last lends it): memory the entry does not point at.
+    fn meta(&mut self) -> &mut (dyn Any + Send);
 }
 
 /// Builds `$op` with `$t` bound to the target: registered file `$file` if `Some`, else
@@ -78,8 +82,8 @@ pub(crate) enum SendKind {
 /// keeps of it (`M`) in the same box, so a request is one allocation and one ring slot from its
 /// push to its last CQE.
 pub(crate) struct SendOp<B, M = ()> {
-    /// The owner's own account of the request. No SQE points at it: the only part of a request
-    /// its owner may change while the ring holds it (at each CQE the ring lends it).
+    /// The owner's own account of the request ([`Op::meta`]). No SQE points at it: the only part
+    /// of a request the ring lends its owner while it holds the request.
     pub(crate) meta: M,
     /// `None` only while the engine keeps the box for reuse.
     rec: Option<Record<B>>,
@@ -181,8 +185,12 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
 // destination (boxed inside the record, which the value owns) and at the unsent bytes of the
 // record's buffers, which `SendBuf` promises stay in place and unchanged while the buffers live:
 // they live in the value. `rec` is replaced only by its owner, never while a ring holds the value;
-// `meta`, which the owner may change while the ring lends it the value, is not pointed at.
+// `meta`, the one field the ring lends while it holds the value, is not pointed at.
 unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
+    fn meta(&mut self) -> &mut (dyn Any + Send) {
+        &mut self.meta
+    }
+
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry {
         let bad = super::take_bad_sqe();
         let Self {
@@ -253,6 +261,10 @@ pub(crate) struct Cancel {
 
 // SAFETY: a cancel by descriptor points at no memory.
 unsafe impl Op for Cancel {
+    fn meta(&mut self) -> &mut (dyn Any + Send) {
+        self
+    }
+
     fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {
         opcode::AsyncCancel2::new(types::CancelBuilder::fd(types::Fd(self.fd)).all()).build()
     }
@@ -263,6 +275,10 @@ pub(crate) struct Nop;
 
 // SAFETY: a NOP points at no memory.
 unsafe impl Op for Nop {
+    fn meta(&mut self) -> &mut (dyn Any + Send) {
+        self
+    }
+
     fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {
         opcode::Nop::new().build()
     }

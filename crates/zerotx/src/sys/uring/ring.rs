@@ -4,8 +4,9 @@
 //!   and keeps it in its one slot until the request's **last** CQE: the notification of a
 //!   zero-copy send, or a first CQE without `IORING_CQE_F_MORE` (a notification may come before or
 //!   after its request's first CQE: both are awaited). Each earlier CQE reaches the owner with the
-//!   request lent by reference ([`Lent::Live`]: the owner keeps its own account of the request in
-//!   it, no table of its own); the last hands the box back ([`Lent::Back`]). Type-erased
+//!   request's [`Op::meta`] lent by reference ([`Lent::Live`]: the owner keeps its own account of
+//!   the request there, no table of its own, and cannot reach what the SQE points at); the last
+//!   hands the box back ([`Lent::Back`]). Type-erased
 //!   (`dyn Any + Send`: one ring carries senders of different buffer types); its owner downcasts
 //!   it.
 //! - **Requests that are never handed back are leaked, never freed.** A request of an owner that
@@ -120,8 +121,8 @@ impl Cqe {
 
 /// The request a [`Cqe`] completes, as [`Ring::reap_with`] gives it to its owner.
 pub(crate) enum Lent<'a> {
-    /// Not its last CQE: the request stays in the ring. Its owner may change only what no SQE
-    /// points at (see [`Op`]).
+    /// Not its last CQE: the request stays in the ring, which lends only its [`Op::meta`] (the
+    /// part no SQE points at).
     Live(&'a mut (dyn Any + Send)),
     /// Its last CQE: the request, handed back (downcast it to the type pushed).
     Back(Box<dyn Any + Send>),
@@ -152,7 +153,7 @@ struct Slot {
     req: usize,
     first: bool,
     notif: bool,
-    op: Box<dyn Any + Send>,
+    op: Box<dyn Op>,
 }
 
 /// A sender on the ring.
@@ -595,7 +596,7 @@ fn lend(slots: &mut Slab<Slot>, o: &mut Owner, cqe: Cqe, apply: &mut impl FnMut(
             o.live -= 1;
             apply(cqe, Lent::Back(slots.remove(idx).op));
         }
-        idx => apply(cqe, Lent::Live(&mut *slots[idx].op)),
+        idx => apply(cqe, Lent::Live(slots[idx].op.meta())),
     }
 }
 
