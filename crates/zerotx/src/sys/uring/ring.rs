@@ -72,16 +72,14 @@ const FLUSH_ROUNDS: usize = 4;
 /// Registered file slots per ring: owners with a smaller id that join with a descriptor name their
 /// socket by slot.
 ///
-/// **Datagram sockets only.** With 64 slots for every socket, one run of the Debian 6.12 guest's
-/// slow-reader integrity check over TCP (`uring-zc` with a registered pool) timed out after 40 s
-/// (it takes a few seconds; its own waits fail after 20 s, so this was either the peer waiting for
-/// EOF after the sender closed, where the file table is a new holder of the socket, or many slow
-/// releases). Not reproduced in 300 runs on 6.18 under CPU load. So the engine gives a stream or
-/// seqpacket socket no slot (it joins without a descriptor: see
-/// `SharedRing::join`), and a datagram socket, which has
-/// no EOF a peer could wait for, one: the slot saves the kernel's descriptor lookup
-/// (`fget`/`fput`, ~1.5% of samples) per request, measured +3-4% sends per second for
-/// `uring-zc-fixed` at 16 KiB into the UDP black hole (benches/compare-raw-results.md).
+/// **Datagram sockets only.** A stream or seqpacket socket joins without a descriptor (see
+/// `SharedRing::join`) and its SQEs name the descriptor. Slots for every socket were turned off
+/// once after a Debian 6.12 guest's slow-reader TCP check stalled; that stall was later traced to
+/// the registered pool sitting on transparent huge pages (see `BufPool`), not to slots, but slots
+/// for streams have not been measured or hunted since. For a datagram socket the slot saves the
+/// kernel's descriptor lookup (`fget`/`fput`, ~1.5% of samples) per request: +3-4% sends per
+/// second for `uring-zc-fixed` at 16 KiB into the UDP black hole
+/// (benches/compare-raw-results.md).
 pub(crate) const FILE_SLOTS: u32 = 64;
 
 /// One completion queue entry, decoded.
