@@ -169,27 +169,7 @@ impl<B: SendBuf> Record<B> {
     ) {
         let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
         let latency = self.started.map(|t| t.elapsed());
-        let report = move |bytes, error| Report {
-            bytes,
-            path,
-            latency,
-            error,
-        };
         self.dest = None;
-        if self.bufs.len() == 1 {
-            // One buffer (every datagram, message and fixed-buffer send): what the loop below
-            // does for it, without a batch's iterator.
-            let buf = self.bufs.pop().expect("a record holds a buffer");
-            let len = buf.as_bytes().len();
-            let bytes = len.min(self.sent);
-            let error = (bytes < len).then(|| {
-                self.error
-                    .take()
-                    .unwrap_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))
-            });
-            give(out, stats, buf, report(bytes, error));
-            return;
-        }
         let mut sent = self.sent;
         let mut error = self.error.take();
         let n = self.bufs.len();
@@ -204,16 +184,18 @@ impl<B: SendBuf> Record<B> {
                 (Some(e), false) => copy_error(e),
                 (None, _) => io::Error::from(io::ErrorKind::BrokenPipe),
             });
-            give(out, stats, buf, report(bytes, error));
+            stats.count_release(path, error.is_some());
+            out.push(Released {
+                buf,
+                report: Report {
+                    bytes,
+                    path,
+                    latency,
+                    error,
+                },
+            });
         }
     }
-}
-
-/// One buffer back with its report, counted in `stats`.
-#[inline]
-fn give<B>(out: &mut Vec<Released<B>>, stats: &mut Stats, buf: B, report: Report) {
-    stats.count_release(report.path, report.error.is_some());
-    out.push(Released { buf, report });
 }
 
 /// `io::Error` is not `Clone`: the same errno, or kind and message.

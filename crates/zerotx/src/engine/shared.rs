@@ -121,10 +121,10 @@ impl SharedRing {
 ///   zero-copy request that already sent keeps its slot until its notification, when the kernel
 ///   lets go of the pages: with a peer that never reads, until the connection ends). Its SQEs
 ///   name the socket through a registered file slot of the ring (datagram sockets, while the
-///   ring has a slot free; cleared only once no unsubmitted SQE can name it) or through the sender's own duplicate of
-///   the descriptor, closed only once no unsubmitted SQE can name it (leaked if `io_uring_enter`
-///   failed), so the caller's descriptor number can be reused at once without a stale request
-///   reaching the new socket. The buffers
+///   ring has a slot free; cleared only once no unsubmitted SQE can name it) or through the
+///   sender's own duplicate of the descriptor, closed only once no unsubmitted SQE can name it
+///   (leaked if `io_uring_enter` failed), so the caller's descriptor number can be reused at once
+///   without a stale request reaching the new socket. The buffers
 ///   of requests still in flight are kept (leaked, never freed, counted in
 ///   [`leaked_buffers`](crate::leaked_buffers)), as are those of requests in flight when the
 ///   last handle to the ring goes.

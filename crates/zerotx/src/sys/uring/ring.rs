@@ -257,11 +257,7 @@ impl Ring {
     /// The owner left: its requests still in flight, and those already finished but not reaped,
     /// are leaked (see the module docs), and its id is reused once its last request finished.
     pub(crate) fn leave(&mut self, owner: u16) {
-        let Some(o) = self
-            .owners
-            .get_mut(usize::from(owner))
-            .and_then(Option::as_mut)
-        else {
+        let Some(o) = owner_in(&mut self.owners, owner) else {
             return;
         };
         o.left = true;
@@ -292,7 +288,7 @@ impl Ring {
     }
 
     fn owner(&mut self, owner: u16) -> Option<&mut Owner> {
-        self.owners.get_mut(usize::from(owner))?.as_mut()
+        owner_in(&mut self.owners, owner)
     }
 
     /// The ring's descriptor: readable when CQEs wait, writable while the SQ has room.
@@ -469,11 +465,7 @@ impl Ring {
     /// CQE comes with its request, lent or (with its last CQE) handed back ([`Lent`]).
     pub(crate) fn reap_with(&mut self, owner: u16, mut apply: impl FnMut(Cqe, Lent<'_>)) {
         // What others reaped for it came first: keep each request's CQEs in order.
-        if let Some(o) = self
-            .owners
-            .get_mut(usize::from(owner))
-            .and_then(Option::as_mut)
-        {
+        if let Some(o) = owner_in(&mut self.owners, owner) {
             if !o.inbox.is_empty() {
                 let mut inbox = std::mem::take(&mut o.inbox);
                 for cqe in inbox.drain(..) {
@@ -525,11 +517,7 @@ impl Ring {
                 cqe.last = s.first && s.notif;
                 cqe.slot = idx;
             }
-            let Some(o) = self
-                .owners
-                .get_mut(usize::from(who))
-                .and_then(Option::as_mut)
-            else {
+            let Some(o) = owner_in(&mut self.owners, who) else {
                 // No owner: a test hook's request, dropped (the kernel is done with it).
                 if cqe.last {
                     self.slots.remove(idx);
@@ -583,6 +571,11 @@ impl Ring {
     pub(crate) fn registered(&self) -> Option<&BufPool> {
         self.pool.as_ref()
     }
+}
+
+/// Owner `id` of `owners`, borrowing only that field (so the slots can be borrowed beside it).
+fn owner_in(owners: &mut [Option<Owner>], id: u16) -> Option<&mut Owner> {
+    owners.get_mut(usize::from(id))?.as_mut()
 }
 
 /// Gives `cqe` to `apply` with its request from `slots`: lent, or handed back (and its slot freed)
