@@ -14,9 +14,9 @@
 //! another thread's `io_uring_enter` fails with `EEXIST` under `SINGLE_ISSUER`, and under
 //! `COOP_TASKRUN` a completion waits for the submitting thread's next entry into the kernel, which
 //! an idle thread never makes), and it enters the kernel only with a full batch (zerotx also
-//! enters at once when nothing it submitted is in flight, so a lone send never waits). This loop
-//! names the socket as a registered file (`IOSQE_FIXED_FILE`); zerotx's slots are off for now
-//! (`sys::uring::ring::FILE_SLOTS`). A stream socket is refused: several
+//! enters at once when nothing it submitted is in flight, so a lone send never waits). Both name
+//! the socket as a registered file (`IOSQE_FIXED_FILE`; zerotx for datagram sockets, while its
+//! ring has a slot free: `sys::uring::ring::FILE_SLOTS`). A stream socket is refused: several
 //! requests in flight reorder a stream (KERNEL.md), and zerotx keeps one in flight there, which
 //! is another program.
 
