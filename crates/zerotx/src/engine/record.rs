@@ -7,14 +7,14 @@
 //! [`Report`] means the same whichever engine sent it.
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
 use crate::engine::policy;
-use crate::report::{CopyReason, Released, Report, Stats};
+use crate::report::{CopyReason, Released, Report, SendPath, Stats};
 
 /// One send in flight: see the module docs.
 pub(crate) struct Record<B> {
@@ -157,10 +157,11 @@ impl<B: SendBuf> Record<B> {
         self.release_in_place(zerocopy_engine, stats, out);
     }
 
-    /// Gives every buffer back with its report, counted in `stats`: the only place a [`Released`]
-    /// is made. A batch's bytes are assigned in order; every buffer that did not go whole carries
-    /// the error. Leaves the record without buffers, error or destination, ready for
-    /// [`refill`](Self::refill).
+    /// Gives every buffer back with its report, counted in `stats` (through [`give`], the only
+    /// place a [`Released`] is made). A batch's bytes are assigned in order; every buffer that did
+    /// not go whole carries the error. Leaves the record without buffers, error or destination,
+    /// ready for [`refill`](Self::refill).
+    #[inline]
     pub(crate) fn release_in_place(
         &mut self,
         zerocopy_engine: bool,
@@ -170,6 +171,33 @@ impl<B: SendBuf> Record<B> {
         let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
         let latency = self.started.map(|t| t.elapsed());
         self.dest = None;
+        if self.bufs.len() == 1 {
+            // One buffer (every datagram, message and fixed-buffer send): the loop below for it,
+            // inlined into the engines' completion paths (measured: ~10 ns a release).
+            let buf = self.bufs.pop().expect("a record holds a buffer");
+            let len = buf.as_bytes().len();
+            let bytes = len.min(self.sent);
+            let error = (bytes < len).then(|| {
+                self.error
+                    .take()
+                    .unwrap_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))
+            });
+            give(out, stats, buf, bytes, path, latency, error);
+            return;
+        }
+        self.release_batch(path, latency, stats, out);
+    }
+
+    /// [`release_in_place`](Self::release_in_place) of several buffers (an io_uring byte-stream
+    /// batch), or none.
+    #[inline(never)]
+    fn release_batch(
+        &mut self,
+        path: SendPath,
+        latency: Option<Duration>,
+        stats: &mut Stats,
+        out: &mut Vec<Released<B>>,
+    ) {
         let mut sent = self.sent;
         let mut error = self.error.take();
         let n = self.bufs.len();
@@ -184,18 +212,47 @@ impl<B: SendBuf> Record<B> {
                 (Some(e), false) => copy_error(e),
                 (None, _) => io::Error::from(io::ErrorKind::BrokenPipe),
             });
-            stats.count_release(path, error.is_some());
-            out.push(Released {
-                buf,
-                report: Report {
-                    bytes,
-                    path,
-                    latency,
-                    error,
-                },
-            });
+            give(out, stats, buf, bytes, path, latency, error);
         }
     }
+
+    /// A buffer the kernel took whole at once, given back without ever being a record (the copy
+    /// engine's common case): as [`release`](Self::release) would give it.
+    #[inline]
+    pub(crate) fn release_whole(
+        buf: B,
+        path: SendPath,
+        started: Option<Instant>,
+        stats: &mut Stats,
+        out: &mut Vec<Released<B>>,
+    ) {
+        let bytes = buf.as_bytes().len();
+        let latency = started.map(|t| t.elapsed());
+        give(out, stats, buf, bytes, path, latency, None);
+    }
+}
+
+/// The only place a [`Released`] is made: one buffer back with its report, counted in `stats`.
+#[inline(always)]
+fn give<B>(
+    out: &mut Vec<Released<B>>,
+    stats: &mut Stats,
+    buf: B,
+    bytes: usize,
+    path: SendPath,
+    latency: Option<Duration>,
+    error: Option<io::Error>,
+) {
+    stats.count_release(path, error.is_some());
+    out.push(Released {
+        buf,
+        report: Report {
+            bytes,
+            path,
+            latency,
+            error,
+        },
+    });
 }
 
 /// `io::Error` is not `Clone`: the same errno, or kind and message.

@@ -151,6 +151,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
     }
 
     /// Sends from the record's offset until it is fully queued or the socket pushes back.
+    #[inline(always)]
     fn write(
         &mut self,
         sock: &Socket,
@@ -396,8 +397,10 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
-    /// The copy engine's send: nothing to wait for once the kernel took the bytes, so the record
+    /// The copy engine's send: nothing to wait for once the kernel took the bytes. A buffer the
+    /// first call took whole (every datagram) is released at once without a record; a record
     /// enters the ledger only if a stream took part of it (it becomes the head).
+    #[inline(always)]
     fn try_send_copy(
         &mut self,
         sock: &Socket,
@@ -406,40 +409,51 @@ impl<B: SendBuf> SendmsgEngine<B> {
         reason: Option<CopyReason>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        let mut rec = Record::new(buf, dest, self.latency.next());
+        let started = self.latency.next();
+        let len = buf.as_bytes().len();
+        self.stats.syscalls += 1;
+        let sent = match sys::send_to(sock.fd(), buf.as_bytes(), dest.as_ref(), 0) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.waiting = Wait::Writable;
+                self.stats.would_block += 1;
+                return Err(SendError::WouldBlock(buf));
+            }
+            Err(error) => return Err(SendError::Io { buf, error }),
+            Ok(n) => {
+                self.stats.bytes += n as u64;
+                self.stats.sends += 1;
+                if n == len || !self.stream {
+                    // Whole (a datagram goes whole or not at all).
+                    self.waiting = Wait::Nothing;
+                    let path = policy::release_path(self.zerocopy, reason, false);
+                    Record::release_whole(buf, path, started, &mut self.stats, out);
+                    return Ok(());
+                }
+                n
+            }
+        };
+        // A stream took part of it: the rest goes by the record, now or at the next progress.
+        let mut rec = Record::new(buf, dest, started);
         rec.copy = reason;
+        rec.sent = sent;
         match send_copied(&mut self.stats, self.stream, sock, &mut rec) {
             Ok(true) => {
                 self.waiting = Wait::Nothing;
-                self.stats.sends += 1;
                 rec.release(self.zerocopy, &mut self.stats, out);
-                Ok(())
-            }
-            Ok(false) if rec.sent == 0 => {
-                self.waiting = Wait::Writable;
-                self.stats.would_block += 1;
-                Err(SendError::WouldBlock(rec.into_buf()))
             }
             Ok(false) => {
-                // A stream took part of it: the rest goes first at the next progress.
+                // The rest goes first at the next progress.
                 self.waiting = Wait::Writable;
-                self.stats.sends += 1;
                 self.head = Some(self.ledger.insert(rec));
-                Ok(())
             }
-            Err(error) if rec.sent == 0 => Err(SendError::Io {
-                buf: rec.into_buf(),
-                error,
-            }),
             Err(e) => {
                 // Part of it is on the wire and the rest never will be.
-                self.stats.sends += 1;
                 self.broken = Some(e.raw_os_error().unwrap_or(libc::EIO));
                 rec.error = Some(e);
                 rec.release(self.zerocopy, &mut self.stats, out);
-                Ok(())
             }
         }
+        Ok(())
     }
 
     fn broken_error(&self) -> Option<io::Error> {
@@ -611,6 +625,7 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
 
 /// Sends the rest of `rec` by copy until the kernel took it all (`Ok(true)`) or the socket is full
 /// (`Ok(false)`). A datagram goes whole or not at all.
+#[inline(always)]
 fn send_copied<B: SendBuf>(
     stats: &mut Stats,
     stream: bool,

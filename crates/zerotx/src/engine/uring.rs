@@ -403,6 +403,7 @@ impl<B: SendBuf> State<B> {
     /// `fixed` or a probe) and pushes its request. `false`: the SQ refused it, and it waits in
     /// `to_push`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     fn form(
         &mut self,
         ring: &mut Ring,
@@ -477,6 +478,7 @@ impl<B: SendBuf> State<B> {
 
     /// Pushes one request for the unsent part of `next`'s record; hands it back if the SQ stayed
     /// full (no error) or `io_uring_enter` failed.
+    #[inline]
     fn push_request(
         &mut self,
         ring: &mut Ring,
@@ -574,6 +576,7 @@ impl<B: SendBuf> State<B> {
 
     /// One CQE and its request (lent by the ring, or handed back with its last CQE): record it;
     /// on the first, decide what follows; on the last, carry that out.
+    #[inline]
     fn on_cqe(&mut self, cqe: Cqe, lent: Lent<'_>, out: &mut Vec<Released<B>>) {
         if cqe.req == sysu::CANCEL {
             return; // the cancel of a shutdown: its count of cancelled requests is not needed
@@ -597,6 +600,7 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Records one CQE of `req`: a notification, or its first CQE.
+    #[inline]
     fn account(&mut self, req: &mut Req, cqe: Cqe, out: &mut Vec<Released<B>>) {
         if cqe.is_notif() {
             req.copied |= cqe.copied();

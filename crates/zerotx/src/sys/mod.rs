@@ -146,6 +146,7 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// `SIGPIPE`. Preferred to `sendmsg(2)` for one buffer: the kernel imports one user buffer
 /// (`ITER_UBUF`) instead of copying a `msghdr` and an iovec array, which a raw loop does not pay
 /// either.
+#[inline(always)]
 pub fn send_to(
     fd: BorrowedFd<'_>,
     buf: &[u8],

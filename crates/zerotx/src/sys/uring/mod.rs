@@ -20,6 +20,7 @@ pub(crate) use ring::{Cqe, Lent, Refused, Ring, CANCEL, MAX_REGISTERED};
 use std::cell::Cell;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 use io_uring::{cqueue, opcode, types, IoUring, Probe};
@@ -157,14 +158,23 @@ thread_local! {
     };
 }
 
+/// Whether any thread ever injected a fault: until then the hot path skips the thread-local
+/// lookup (a request's SQE and every `io_uring_enter` ask).
+static ARMED: AtomicBool = AtomicBool::new(false);
+
 /// Sets the calling thread's injected faults.
 #[doc(hidden)]
 pub fn inject(faults: Faults) {
+    ARMED.store(true, Ordering::Relaxed);
     FAULTS.set(faults);
 }
 
 /// An invalid `ioprio` bit, if a bad SQE is due on this thread.
+#[inline]
 pub(super) fn take_bad_sqe() -> u16 {
+    if !ARMED.load(Ordering::Relaxed) {
+        return 0;
+    }
     let mut f = FAULTS.get();
     if f.bad_sqes == 0 {
         return 0;
@@ -175,6 +185,9 @@ pub(super) fn take_bad_sqe() -> u16 {
 }
 
 pub(super) fn take_failed_enter() -> Option<io::Error> {
+    if !ARMED.load(Ordering::Relaxed) {
+        return None;
+    }
     let mut f = FAULTS.get();
     if f.failed_enters == 0 {
         return None;

@@ -187,10 +187,12 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
 // they live in the value. `rec` is replaced only by its owner, never while a ring holds the value;
 // `meta`, the one field the ring lends while it holds the value, is not pointed at.
 unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
+    #[inline]
     fn meta(&mut self) -> &mut (dyn Any + Send) {
         &mut self.meta
     }
 
+    #[inline]
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry {
         let bad = super::take_bad_sqe();
         let Self {

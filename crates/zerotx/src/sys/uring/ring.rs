@@ -580,6 +580,7 @@ fn owner_in(owners: &mut [Option<Owner>], id: u16) -> Option<&mut Owner> {
 
 /// Gives `cqe` to `apply` with its request from `slots`: lent, or handed back (and its slot freed)
 /// with the request's last CQE.
+#[inline]
 fn lend(slots: &mut Slab<Slot>, o: &mut Owner, cqe: Cqe, apply: &mut impl FnMut(Cqe, Lent<'_>)) {
     match cqe.slot {
         UNKNOWN => apply(cqe, Lent::Unknown),
