@@ -154,22 +154,22 @@ pub fn measure<D: Driver>(mut driver: D, duration: Duration) -> anyhow::Result<R
     let cpu0 = testbed::process_cpu_time();
     let start = Instant::now();
     loop {
-        if driver.send(&mut lat)? {
+        let reaped = if driver.send(&mut lat)? {
             sends += 1;
-            if sends % REAP_EVERY == 0 {
+            let due = sends % REAP_EVERY == 0;
+            if due {
                 driver.reap(&mut lat)?;
-                // The clock is read here and after a wait, not per send: a raw loop (liburing's
-                // example reads it every 128 sends) does not pay a clock read per send either,
-                // and the run's time is measured at its end whatever the overrun.
-                if start.elapsed() >= duration {
-                    break;
-                }
             }
+            due
         } else {
             driver.wait(&mut lat)?;
-            if start.elapsed() >= duration {
-                break;
-            }
+            true
+        };
+        // The clock is read after a reap or a wait, not per send: a raw loop (liburing's example
+        // reads it every 128 sends) does not pay a clock read per send either, and the run's time
+        // is measured at its end whatever the overrun.
+        if reaped && start.elapsed() >= duration {
+            break;
         }
     }
     driver.flush(&mut lat)?;

@@ -160,7 +160,7 @@ impl<B: SendBuf> Record<B> {
     /// Gives every buffer back with its report, counted in `stats` (through [`give`], the only
     /// place a [`Released`] is made). A batch's bytes are assigned in order; every buffer that did
     /// not go whole carries the error. Leaves the record without buffers, error or destination,
-    /// ready for [`refill`](Self::refill).
+    /// ready for [`refill`](Self::refill). Inlined into the engines' completion paths.
     #[inline]
     pub(crate) fn release_in_place(
         &mut self,
@@ -171,33 +171,6 @@ impl<B: SendBuf> Record<B> {
         let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
         let latency = self.started.map(|t| t.elapsed());
         self.dest = None;
-        if self.bufs.len() == 1 {
-            // One buffer (every datagram, message and fixed-buffer send): the loop below for it,
-            // inlined into the engines' completion paths (measured: ~10 ns a release).
-            let buf = self.bufs.pop().expect("a record holds a buffer");
-            let len = buf.as_bytes().len();
-            let bytes = len.min(self.sent);
-            let error = (bytes < len).then(|| {
-                self.error
-                    .take()
-                    .unwrap_or_else(|| io::Error::from(io::ErrorKind::BrokenPipe))
-            });
-            give(out, stats, buf, bytes, path, latency, error);
-            return;
-        }
-        self.release_batch(path, latency, stats, out);
-    }
-
-    /// [`release_in_place`](Self::release_in_place) of several buffers (an io_uring byte-stream
-    /// batch), or none.
-    #[inline(never)]
-    fn release_batch(
-        &mut self,
-        path: SendPath,
-        latency: Option<Duration>,
-        stats: &mut Stats,
-        out: &mut Vec<Released<B>>,
-    ) {
         let mut sent = self.sent;
         let mut error = self.error.take();
         let n = self.bufs.len();

@@ -411,8 +411,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
     ) -> Result<(), SendError<B>> {
         let started = self.latency.next();
         let len = buf.as_bytes().len();
-        self.stats.syscalls += 1;
-        let sent = match sys::send_to(sock.fd(), buf.as_bytes(), dest.as_ref(), 0) {
+        let sent = match copy_call(&mut self.stats, sock, buf.as_bytes(), dest.as_ref()) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.waiting = Wait::Writable;
                 self.stats.would_block += 1;
@@ -420,7 +419,6 @@ impl<B: SendBuf> SendmsgEngine<B> {
             }
             Err(error) => return Err(SendError::Io { buf, error }),
             Ok(n) => {
-                self.stats.bytes += n as u64;
                 self.stats.sends += 1;
                 if n == len || !self.stream {
                     // Whole (a datagram goes whole or not at all).
@@ -634,17 +632,27 @@ fn send_copied<B: SendBuf>(
 ) -> io::Result<bool> {
     while rec.left() > 0 {
         let rest = &rec.bufs[0].as_bytes()[rec.sent..];
-        stats.syscalls += 1;
-        match sys::send_to(sock.fd(), rest, rec.dest.as_deref(), 0) {
-            Ok(n) => {
-                stats.bytes += n as u64;
-                rec.sent = if stream { rec.sent + n } else { rec.total };
-            }
+        match copy_call(stats, sock, rest, rec.dest.as_deref()) {
+            Ok(n) => rec.sent = if stream { rec.sent + n } else { rec.total },
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) => return Err(e),
         }
     }
     Ok(true)
+}
+
+/// One `sendto` without `MSG_ZEROCOPY`, counted in `stats` (the call, and the bytes it took).
+#[inline(always)]
+fn copy_call(
+    stats: &mut Stats,
+    sock: &Socket,
+    bytes: &[u8],
+    dest: Option<&SockAddr>,
+) -> io::Result<usize> {
+    stats.syscalls += 1;
+    let n = sys::send_to(sock.fd(), bytes, dest, 0)?;
+    stats.bytes += n as u64;
+    Ok(n)
 }
 
 /// Whether reading `MSG_ERRQUEUE` on `sock` reads its error queue. AF_UNIX has none (its
