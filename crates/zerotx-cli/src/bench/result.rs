@@ -89,6 +89,54 @@ impl Spread {
     }
 }
 
+/// One engine over another from runs made side by side: repetition `r` of both cells ran back to
+/// back (see the scheduler), so each repetition gives one ratio, and drift that lasts longer than
+/// a pair of runs (another tenant, the host's clock) cancels in it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    /// Median of the per-repetition ratios.
+    pub median: f64,
+    /// A 95% confidence interval for that median, from order statistics (the sign test's: no
+    /// assumption about how the ratios spread); `None` below 6 pairs, where none exists.
+    pub interval: Option<(f64, f64)>,
+    /// Repetitions both cells have.
+    pub pairs: usize,
+}
+
+impl Paired {
+    /// Of the ratios `values` (any order). `None` if empty.
+    pub fn of(mut values: Vec<f64>) -> Option<Self> {
+        if values.is_empty() {
+            return None;
+        }
+        values.sort_by(f64::total_cmp);
+        let n = values.len();
+        let k = order_statistic_95(n);
+        Some(Self {
+            median: Spread::of(values.clone()).median,
+            interval: (k > 0).then(|| (values[k - 1], values[n - k])),
+            pairs: n,
+        })
+    }
+}
+
+/// The largest `k` whose order statistics `x(k)`, `x(n+1-k)` (1-based) bound the median with at
+/// least 95% confidence: `P(Binomial(n, 1/2) < k) <= 2.5%`. 0 when no such `k` exists (n < 6).
+fn order_statistic_95(n: usize) -> usize {
+    // The binomial's probabilities, in logs so that 2^-n does not underflow for large n.
+    let ln_half_n = n as f64 * 0.5f64.ln();
+    let mut ln_choose = 0.0; // ln C(n, i)
+    let mut below = 0.0; // P(B < i)
+    for i in 0..n / 2 {
+        below += (ln_choose + ln_half_n).exp();
+        if below > 0.025 {
+            return i;
+        }
+        ln_choose += ((n - i) as f64 / (i + 1) as f64).ln();
+    }
+    n / 2
+}
+
 /// One engine at one size in one topology, over every repetition.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Cell {
@@ -216,6 +264,24 @@ impl TopologyResult {
         }
     }
 
+    /// `a` over `b` at `size`, repetition by repetition ([`Paired`]); `None` unless both cells
+    /// ran without error.
+    pub fn paired(&self, a: &str, b: &str, size: usize) -> Option<Paired> {
+        let runs = |e: &str| {
+            self.cell(e, size)
+                .filter(|c| c.error.is_none() && !c.runs.is_empty())
+                .map(|c| &c.runs)
+        };
+        let (x, y) = (runs(a)?, runs(b)?);
+        let ratios = x
+            .iter()
+            .zip(y)
+            .filter(|(_, y)| y.mb_s() > 0.0)
+            .map(|(x, y)| x.mb_s() / y.mb_s())
+            .collect();
+        Paired::of(ratios)
+    }
+
     /// The fastest of zerotx's single engines (not `auto`) at `size`, and its throughput.
     pub fn best_single(&self, size: usize) -> Option<(&str, f64)> {
         self.engines
@@ -283,6 +349,29 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_interval_uses_the_sign_tests_order_statistics() {
+        // Known values (the sign test's tables): n=6 -> 1, n=10 -> 2, n=20 -> 6, n=40 -> 14.
+        assert_eq!(order_statistic_95(5), 0);
+        assert_eq!(order_statistic_95(6), 1);
+        assert_eq!(order_statistic_95(10), 2);
+        assert_eq!(order_statistic_95(20), 6);
+        assert_eq!(order_statistic_95(40), 14);
+        // Large n: close to the normal approximation n/2 - 0.98 sqrt(n), and no underflow.
+        let k = order_statistic_95(10_000);
+        assert!((4900..=4902).contains(&k), "{k}");
+
+        let p = Paired::of(vec![
+            0.9, 1.1, 1.0, 0.95, 1.05, 0.97, 1.02, 0.99, 1.01, 0.98,
+        ])
+        .unwrap();
+        assert_eq!(p.pairs, 10);
+        assert!((p.median - 0.995).abs() < 1e-9, "{p:?}");
+        assert_eq!(p.interval, Some((0.95, 1.05)));
+        assert_eq!(Paired::of(vec![1.0, 2.0]).unwrap().interval, None);
+        assert!(Paired::of(vec![]).is_none());
+    }
 
     #[test]
     fn spread_takes_the_median_and_range() {

@@ -28,9 +28,17 @@ fn table(s: &mut String, headers: &[String], rows: &[Vec<String>]) {
     let _ = writeln!(s);
 }
 
-fn ratios(s: &mut String, t: &TopologyResult, pairs: &[(&str, &str)]) {
+/// A ratio table: of medians, or with `paired` the median of the repetitions' side-by-side
+/// ratios and its 95% interval (zerotx over a baseline).
+fn ratios(s: &mut String, t: &TopologyResult, pairs: &[(&str, &str)], paired: bool) {
     if pairs.is_empty() {
         return;
+    }
+    if paired {
+        let _ = writeln!(
+            s,
+            "zerotx / baseline: median of the repetitions' side-by-side ratios [95% interval]\n"
+        );
     }
     let mut headers = vec!["size".to_string()];
     headers.extend(pairs.iter().map(|(a, b)| format!("{a} / {b}")));
@@ -40,6 +48,9 @@ fn ratios(s: &mut String, t: &TopologyResult, pairs: &[(&str, &str)]) {
         .map(|&size| {
             let mut row = vec![size_label(size)];
             row.extend(pairs.iter().map(|(a, b)| {
+                if paired {
+                    return super::table::paired(t.paired(a, b, size));
+                }
                 t.ratio(a, b, size)
                     .map_or_else(|| "n/a".into(), |r| format!("{r:.2}"))
             }));
@@ -86,8 +97,8 @@ fn render(r: &Report) -> String {
             .filter(|e| has("copy") && has(e))
             .map(|e| (e, "copy"))
             .collect();
-        ratios(&mut s, t, &vs_copy);
-        ratios(&mut s, t, &t.baseline_pairs());
+        ratios(&mut s, t, &vs_copy, false);
+        ratios(&mut s, t, &t.baseline_pairs(), true);
         let errors: Vec<_> = t.cells.iter().filter(|c| c.error.is_some()).collect();
         for c in &errors {
             let _ = writeln!(
