@@ -142,6 +142,7 @@ impl<T> Ledger<T> {
     }
 
     /// Starts holding `item`. It is returned only once it is sealed and all its ids completed.
+    #[inline]
     pub fn insert(&mut self, item: T) -> SlotId {
         let held = Held {
             item,
@@ -154,6 +155,7 @@ impl<T> Ledger<T> {
         SlotId(self.slots.insert(held))
     }
 
+    #[inline]
     fn held_mut(&mut self, slot: SlotId) -> &mut Held<T> {
         self.slots
             .get_mut(slot.0)
@@ -161,11 +163,13 @@ impl<T> Ledger<T> {
     }
 
     /// The item in `slot`, to update its record while it is held.
+    #[inline]
     pub fn item_mut(&mut self, slot: SlotId) -> &mut T {
         &mut self.held_mut(slot).item
     }
 
     /// The item in `slot`.
+    #[inline]
     pub fn item(&self, slot: SlotId) -> &T {
         &self
             .slots
@@ -175,6 +179,7 @@ impl<T> Ledger<T> {
     }
 
     /// Records that a zero-copy send for `slot` succeeded and took the next id; returns that id.
+    #[inline]
     pub fn record_id(&mut self, slot: SlotId) -> u32 {
         let id = self.next_id();
         let held = self.held_mut(slot);
@@ -219,6 +224,7 @@ impl<T> Ledger<T> {
 
     /// No more ids will be recorded for `slot`. Returns the item at once if none are pending;
     /// otherwise the item comes back from [`complete`](Self::complete).
+    #[inline]
     pub fn seal(&mut self, slot: SlotId) -> Option<Settled<T>> {
         let held = self.held_mut(slot);
         held.sealed = true;
@@ -229,6 +235,7 @@ impl<T> Ledger<T> {
         }
     }
 
+    #[inline]
     fn take(&mut self, i: usize) -> Settled<T> {
         let held = self.slots.try_remove(i).expect("slot settled twice");
         self.held -= 1;

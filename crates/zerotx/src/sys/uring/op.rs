@@ -192,7 +192,9 @@ unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
         &mut self.meta
     }
 
-    #[inline]
+    // Inlined into `Ring::push`: called, it built the 64-byte SQE on the stack and the push copied
+    // it twice more (perf: ~30% of `push_request`'s samples on those copies).
+    #[inline(always)]
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry {
         let bad = super::take_bad_sqe();
         let Self {
