@@ -48,41 +48,21 @@ echo "== zerotx / baseline against issue 8's acceptance"
 echo "   (median of the repetitions' side-by-side ratios, 95% interval from order statistics:"
 echo "    met = the whole interval clears the threshold, missed = it lies below, unclear = it straddles)"
 python3 - "$OUT/udp.json" "$OUT/tcp.json" <<'PY'
-import json, math, sys
+import json, sys
 
-def runs(path):
+def ratios(path):
+    # The bench's own figures (export/json.rs `baseline_ratios`), not computed again here.
     r = json.load(open(path))
     out = {}
     for t in r["topologies"]:
         if t["skipped"]:
             print(f"  {t['name']}: skipped: {t['skipped']}")
             continue
-        for c in t["cells"]:
-            if c["error"] is None and c["runs"]:
-                out[(t["name"], c["engine"], c["size"])] = [
-                    x["bytes"] / x["seconds"] for x in c["runs"] if x["seconds"] > 0]
+        for b in t["baseline_ratios"]:
+            out[(t["name"], b["engine"], b["baseline"], b["size"])] = b["ratio"]
     return out
 
-def k95(n):
-    # Largest k with P(Binomial(n, 1/2) < k) <= 2.5% (as bench/result.rs order_statistic_95).
-    below, lnc, lnh = 0.0, 0.0, n * math.log(0.5)
-    for i in range(n // 2):
-        below += math.exp(lnc + lnh)
-        if below > 0.025:
-            return i
-        lnc += math.log((n - i) / (i + 1))
-    return n // 2
-
-def paired(x, y):
-    r = sorted(a / b for a, b in zip(x, y) if b > 0)
-    n = len(r)
-    if n == 0:
-        return None
-    med = r[n // 2] if n % 2 else (r[n // 2 - 1] + r[n // 2]) / 2
-    k = k95(n)
-    return med, (r[k - 1], r[n - k]) if k else None
-
-m = {**runs(sys.argv[1]), **runs(sys.argv[2])}
+m = {**ratios(sys.argv[1]), **ratios(sys.argv[2])}
 checks = []
 for topo, sizes in (("udp-blackhole", [1472, 4096, 16384, 65000]),
                     ("tcp-loopback", [1400, 4096, 16384, 65536, 262144, 1048576])):
@@ -96,12 +76,11 @@ for s in (1472, 4096, 16384, 65000):
                    1.0 if s >= 16384 else None))
 print(f"  {'topology':14} {'zerotx / baseline':40} {'size':>8} {'ratio':>7} {'95% interval':>16}  want")
 for topo, a, b, s, want in checks:
-    x, y = m.get((topo, a, s)), m.get((topo, b, s))
-    p = paired(x, y) if x and y else None
+    p = m.get((topo, a, b, s))
     if p is None:
         print(f"  {topo:14} {a + ' / ' + b:40} {s:>8}     n/a")
         continue
-    med, iv = p
+    med, iv = p["median"], p["interval"]
     ivs = f"[{iv[0]:.3f}, {iv[1]:.3f}]" if iv else "(too few runs)"
     verdict = ""
     if want is not None:

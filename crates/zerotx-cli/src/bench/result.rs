@@ -92,7 +92,7 @@ impl Spread {
 /// One engine over another from runs made side by side: repetition `r` of both cells ran back to
 /// back (see the scheduler), so each repetition gives one ratio, and drift that lasts longer than
 /// a pair of runs (another tenant, the host's clock) cancels in it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Paired {
     /// Median of the per-repetition ratios.
     pub median: f64,
@@ -112,9 +112,10 @@ impl Paired {
         values.sort_by(f64::total_cmp);
         let n = values.len();
         let k = order_statistic_95(n);
+        let interval = (k > 0).then(|| (values[k - 1], values[n - k]));
         Some(Self {
-            median: Spread::of(values.clone()).median,
-            interval: (k > 0).then(|| (values[k - 1], values[n - k])),
+            median: Spread::of(values).median,
+            interval,
             pairs: n,
         })
     }
