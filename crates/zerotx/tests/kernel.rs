@@ -3,6 +3,7 @@
 
 mod util;
 
+use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -948,4 +949,101 @@ fn send_timeout_hands_the_buffer_back_when_the_peer_falls_behind() {
         assert_eq!(got.first_mismatch, None, "{kind}");
         assert!(stats.sends > 0, "{kind}");
     }
+}
+
+/// Waits until every buffer `tx` holds came back, into `out`.
+fn release_all<B: zerotx::SendBuf>(tx: &mut Sender<B>, out: &mut Vec<zerotx::Released<B>>) {
+    while tx.outstanding() > 0 {
+        let n = tx
+            .wait_released(out, Some(Duration::from_secs(10)))
+            .unwrap();
+        assert!(n > 0, "no release within 10 s");
+    }
+}
+
+/// Black-hole sends complete inside the `io_uring_enter` that submits them, so every reap finds
+/// nothing in flight. A `send` loop then enters for the first send after the reap alone (so that
+/// a lone send goes at once) and again for the rest at the next reap; `send_batch` enters once per
+/// full batch, and once at its end for what a short batch left, before it returns.
+#[test]
+fn send_batch_enters_io_uring_once_per_batch_and_leaves_nothing_behind() {
+    util::in_black_hole(65535, |bh| {
+        const BATCH: usize = 8;
+        let rounds = 20u64;
+        let ring = UringShared::new(UringConfig::default().with_batch(BATCH)).unwrap();
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.connect(bh.v4).unwrap();
+        let mut tx =
+            Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+        let mut out = Vec::new();
+
+        let before = ring.enters();
+        for _ in 0..rounds {
+            for _ in 0..BATCH {
+                tx.send(vec![0x11; 1000]).unwrap();
+            }
+            release_all(&mut tx, &mut out);
+        }
+        let by_send = ring.enters() - before;
+
+        let before = ring.enters();
+        for _ in 0..rounds {
+            let mut batch: VecDeque<Vec<u8>> = (0..BATCH).map(|_| vec![0x22; 1000]).collect();
+            tx.send_batch(&mut batch).unwrap();
+            assert!(batch.is_empty(), "every buffer accepted");
+            release_all(&mut tx, &mut out);
+        }
+        let by_batch = ring.enters() - before;
+        eprintln!("{rounds} rounds of {BATCH}: {by_send} enters by send, {by_batch} by send_batch");
+        assert_eq!(by_batch, rounds, "one io_uring_enter per full batch");
+        assert!(
+            by_send > by_batch,
+            "{by_send} enters by send, {by_batch} by batch"
+        );
+
+        // A short batch with nothing in flight is entered before `send_batch` returns: nothing
+        // waits in the SQ for a call that may never come.
+        let before = ring.enters();
+        let mut batch: VecDeque<Vec<u8>> = (0..3).map(|_| vec![0x33; 1000]).collect();
+        tx.send_batch(&mut batch).unwrap();
+        assert_eq!(
+            ring.enters(),
+            before + 1,
+            "the short batch was entered at its end"
+        );
+        assert_eq!(tx.stats().syscalls, 2 * rounds * BATCH as u64 + 3);
+
+        let (released, stats) = finish(tx);
+        out.extend(released);
+        assert_eq!(
+            out.len() as u64,
+            2 * rounds * BATCH as u64 + 3,
+            "every buffer back"
+        );
+        assert!(out.iter().all(|r| r.report.error.is_none()), "{stats:?}");
+        assert_eq!(stats.zerocopy, out.len() as u64, "{stats:?}");
+    });
+}
+
+/// `send_batch` stops at the first buffer that fails: it comes back in the error, the ones after
+/// it stay in the caller's queue, the ones before it were sent and come back released.
+#[test]
+fn send_batch_stops_at_a_failing_buffer_and_keeps_the_rest() {
+    util::in_black_hole(65535, |bh| {
+        for &kind in util::engines() {
+            let mut tx = Sender::connect_udp(bh.v4, kind).unwrap();
+            let mut batch: VecDeque<Vec<u8>> =
+                [vec![1; 100], vec![2; 200], Vec::new(), vec![4; 400]].into();
+            match tx.send_batch(&mut batch) {
+                Err(SendError::Invalid { buf, .. }) => assert!(buf.is_empty(), "{kind}"),
+                other => panic!("{kind}: {other:?}"),
+            }
+            assert_eq!(batch, VecDeque::from([vec![4u8; 400]]), "{kind}");
+            let (released, _) = finish(tx);
+            let mut sizes: Vec<usize> = released.iter().map(|r| r.report.bytes).collect();
+            sizes.sort_unstable();
+            assert_eq!(sizes, [100, 200], "{kind}");
+            assert!(released.iter().all(|r| r.report.error.is_none()), "{kind}");
+        }
+    });
 }

@@ -137,6 +137,12 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// waiter for releases only passes `false`, and must not be woken by room alone).
     fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness;
 
+    /// A batch of sends begins (`true`) or ends (`false`), for
+    /// [`Sender::send_batch`](crate::Sender::send_batch): in between, an engine that batches
+    /// submissions enters the kernel only for a full batch; at the end it enters as it would after
+    /// a lone send. An engine that sends at once has nothing to do.
+    fn batch(&mut self, _open: bool) {}
+
     /// Counters.
     fn stats(&self) -> Stats;
 

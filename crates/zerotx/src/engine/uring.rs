@@ -204,6 +204,8 @@ struct State<B> {
     owed: bool,
     /// Shutting down: results are recorded, nothing more is pushed.
     closing: bool,
+    /// In a batch of sends ([`Engine::batch`]): enter only for a full batch.
+    batching: bool,
     broken: Option<i32>,
     held: usize,
     stats: Stats,
@@ -319,6 +321,7 @@ impl<B: SendBuf> UringEngine<B> {
                 pinned: 0,
                 owed: false,
                 closing: false,
+                batching: false,
                 broken: None,
                 held: 0,
                 stats: Stats::default(),
@@ -560,7 +563,7 @@ impl<B: SendBuf> State<B> {
         let submitted = if owed {
             ring.submit()
         } else {
-            ring.submit_if_due()
+            ring.submit_if_due(!self.batching)
         };
         if submitted.is_err() || !self.to_push.is_empty() {
             self.owed = true;
@@ -877,7 +880,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             st.queue.push_back((buf, dest));
             st.issue(&mut ring)
         };
-        let res = res.and_then(|()| ring.submit_if_due());
+        let res = res.and_then(|()| ring.submit_if_due(!st.batching));
         // The buffer is queued either way; the next progress enters again and reports a failure.
         if res.is_err() {
             st.owed = true;
@@ -914,6 +917,16 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         Readiness {
             fd,
             events: libc::POLLIN,
+        }
+    }
+
+    fn batch(&mut self, open: bool) {
+        let (mut ring, st) = self.split();
+        st.batching = open;
+        // The batch's end: what it left in the SQ goes now if nothing submitted is in flight,
+        // as after a lone send. A failure is the next progress's to report, as in `try_send`.
+        if !open && !st.left && ring.submit_if_due(true).is_err() {
+            st.owed = true;
         }
     }
 

@@ -434,12 +434,14 @@ impl Ring {
         }
     }
 
-    /// Enters the kernel if a batch is full, if nothing submitted is still in flight (then no
-    /// completion would come to wake a waiter), or if completions overflowed.
-    pub(crate) fn submit_if_due(&mut self) -> io::Result<()> {
+    /// Enters the kernel if a batch is full, if completions overflowed, or (`eager`) if nothing
+    /// submitted is still in flight: then the requests waiting in the SQ would wait for the
+    /// caller's next call, however long that is, and a lone send goes at once. A caller in the
+    /// middle of a batch of sends passes `eager: false` and enters once at its end.
+    pub(crate) fn submit_if_due(&mut self, eager: bool) -> io::Result<()> {
         let pending = self.sq_len();
         let submitted_in_flight = self.in_flight().saturating_sub(pending);
-        if (pending > 0 && (pending >= self.batch || submitted_in_flight == 0))
+        if (pending > 0 && (pending >= self.batch || (eager && submitted_in_flight == 0)))
             || self.cq_overflow()
         {
             self.submit()
