@@ -579,16 +579,11 @@ impl<B: SendBuf> Sender<B> {
     /// Stops at the first failure: that buffer comes back in the error, the ones after it stay in
     /// `bufs`, and the ones before it were accepted. Connected sockets only (as `send`).
     pub fn send_batch(&mut self, bufs: &mut VecDeque<B>) -> Result<(), SendError<B>> {
-        self.engine.batch(true);
-        let mut result = Ok(());
+        let batch = Batch::open(self);
         while let Some(buf) = bufs.pop_front() {
-            if let Err(e) = self.send_blocking(buf, None, None) {
-                result = Err(e);
-                break;
-            }
+            batch.0.send_blocking(buf, None, None)?;
         }
-        self.engine.batch(false);
-        result
+        Ok(())
     }
 
     #[inline]
@@ -678,5 +673,23 @@ impl<B: SendBuf> Drop for Sender<B> {
             let _ = self.flush(DROP_TIMEOUT);
             let _ = self.give_up();
         }
+    }
+}
+
+/// A [`Sender::send_batch`] in progress: the engine batches its submissions until this is dropped,
+/// on every way out (an error, or a panic in a buffer's `as_bytes`), so no later lone send waits in
+/// the SQ for a full batch.
+struct Batch<'a, B: SendBuf>(&'a mut Sender<B>);
+
+impl<'a, B: SendBuf> Batch<'a, B> {
+    fn open(tx: &'a mut Sender<B>) -> Self {
+        tx.engine.batch(true);
+        Self(tx)
+    }
+}
+
+impl<B: SendBuf> Drop for Batch<'_, B> {
+    fn drop(&mut self) {
+        self.0.engine.batch(false);
     }
 }

@@ -1047,3 +1047,51 @@ fn send_batch_stops_at_a_failing_buffer_and_keeps_the_rest() {
         }
     });
 }
+
+/// A buffer whose `as_bytes` panics on demand: user code failing in the middle of a batch.
+struct Panicky(Vec<u8>, bool);
+
+// SAFETY: as for `Vec<u8>`: a heap allocation that does not move and that nobody changes.
+unsafe impl zerotx::SendBuf for Panicky {
+    fn as_bytes(&self) -> &[u8] {
+        assert!(!self.1, "a buffer that panics");
+        &self.0
+    }
+}
+
+/// A panic in the middle of `send_batch` still ends the batch: what it pushed is entered as the
+/// panic leaves, and a lone send after it goes at once instead of waiting for a full batch.
+#[test]
+fn a_batch_that_panics_still_ends() {
+    util::in_black_hole(65535, |bh| {
+        let ring = UringShared::new(UringConfig::default().with_batch(8)).unwrap();
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.connect(bh.v4).unwrap();
+        let mut tx =
+            Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+        let mut batch: VecDeque<Panicky> =
+            [Panicky(vec![1; 100], false), Panicky(vec![2; 100], true)].into();
+        let before = ring.enters();
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tx.send_batch(&mut batch)));
+        assert!(r.is_err(), "the second buffer panics");
+        assert_eq!(
+            ring.enters(),
+            before + 1,
+            "the first buffer was entered on the way out"
+        );
+        let mut out = Vec::new();
+        release_all(&mut tx, &mut out);
+        assert_eq!(out.len(), 1);
+
+        let before = ring.enters();
+        tx.send(Panicky(vec![3; 100], false)).unwrap();
+        assert_eq!(
+            ring.enters(),
+            before + 1,
+            "a lone send after the batch went at once"
+        );
+        let (released, _) = finish(tx);
+        assert_eq!(released.len(), 1);
+    });
+}
