@@ -566,11 +566,15 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// Sends the buffers of `bufs` in order, front first, as [`send`](Self::send) sends each
-    /// (waiting while the socket or the zero-copy budget is full), and lets the io_uring engines
-    /// enter the kernel once per full batch ([`UringConfig::batch`]) instead of at once for a send
-    /// that finds nothing of this sender in flight. What the last batch left is entered before it
-    /// returns, as after a lone `send`: every buffer is on its way when it returns. For `copy` and
-    /// `msg-zc` it is `send` in a loop (each is its own system call either way).
+    /// (waiting while the socket or the zero-copy budget is full). On a datagram socket the
+    /// io_uring engines enter the kernel once per full batch ([`UringConfig::batch`]) instead of
+    /// also at once for a send that finds nothing submitted in flight on the ring; what the last
+    /// batch left in the submission queue is entered before it returns (if `io_uring_enter`
+    /// fails, the next call reports it). Buffers beyond the ring's requests in flight
+    /// ([`UringConfig::entries`]) wait in the sender's queue for room, as with `send`: the next
+    /// `reap` or wait moves them. A stream keeps one request in flight, batched from the queue as
+    /// with `send`. For `copy` and `msg-zc` it is `send` in a loop (each is its own system call
+    /// either way).
     ///
     /// This is the call for throughput on io_uring: where completions come back at once (a send
     /// that drops or copies its data, measured into the black hole), a `send` loop finds nothing

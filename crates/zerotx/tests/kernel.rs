@@ -1011,15 +1011,25 @@ fn send_batch_enters_io_uring_once_per_batch_and_leaves_nothing_behind() {
             before + 1,
             "the short batch was entered at its end"
         );
-        assert_eq!(tx.stats().syscalls, 2 * rounds * BATCH as u64 + 3);
+        release_all(&mut tx, &mut out);
+
+        // A batch and a half: the tail is entered at the end although the full batch before it
+        // is still in flight (its completions not reaped), so it too is with the kernel when
+        // `send_batch` returns.
+        let before = ring.enters();
+        let mut batch: VecDeque<Vec<u8>> = (0..12).map(|_| vec![0x44; 1000]).collect();
+        tx.send_batch(&mut batch).unwrap();
+        assert_eq!(
+            ring.enters(),
+            before + 2,
+            "one full batch, then the tail at the end"
+        );
+        let total = 2 * rounds * BATCH as u64 + 3 + 12;
+        assert_eq!(tx.stats().syscalls, total);
 
         let (released, stats) = finish(tx);
         out.extend(released);
-        assert_eq!(
-            out.len() as u64,
-            2 * rounds * BATCH as u64 + 3,
-            "every buffer back"
-        );
+        assert_eq!(out.len() as u64, total, "every buffer back");
         assert!(out.iter().all(|r| r.report.error.is_none()), "{stats:?}");
         assert_eq!(stats.zerocopy, out.len() as u64, "{stats:?}");
     });
@@ -1045,7 +1055,52 @@ fn send_batch_stops_at_a_failing_buffer_and_keeps_the_rest() {
             assert_eq!(sizes, [100, 200], "{kind}");
             assert!(released.iter().all(|r| r.report.error.is_none()), "{kind}");
         }
+        // On io_uring, what the batch accepted before the failure is entered as it returns, and
+        // the batch is over: a lone send after it goes at once.
+        let ring = UringShared::new(UringConfig::default().with_batch(8)).unwrap();
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.connect(bh.v4).unwrap();
+        let mut tx =
+            Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+        let mut batch: VecDeque<Vec<u8>> = [vec![1; 100], vec![2; 200], Vec::new()].into();
+        let before = ring.enters();
+        assert!(tx.send_batch(&mut batch).is_err());
+        assert_eq!(ring.enters(), before + 1, "the two accepted were entered");
+        let mut out = Vec::new();
+        release_all(&mut tx, &mut out);
+        let before = ring.enters();
+        tx.send(vec![3; 300]).unwrap();
+        assert_eq!(
+            ring.enters(),
+            before + 1,
+            "a lone send after the failed batch went at once"
+        );
+        let (released, _) = finish(tx);
+        assert_eq!(out.len() + released.len(), 3);
     });
+}
+
+/// A stream keeps one request in flight, which never fills a batch: inside `send_batch` each
+/// next request is entered as soon as the one before it completed, as with `send`, not held
+/// back until the queue fills and the sender has to wait (`Stats::would_block`).
+#[test]
+fn a_batch_on_a_stream_does_not_hold_its_requests_back() {
+    let (client, peer) = tcp_pair(false, Peer::default());
+    let cfg =
+        SenderConfig::new(EngineKind::Uring).with_uring(UringConfig::default().with_queue_limit(4));
+    let mut tx = Sender::with_config(client, cfg).unwrap();
+    let mut batch: VecDeque<Vec<u8>> = (0..64).map(|i| vec![i as u8; 1000]).collect();
+    tx.send_batch(&mut batch).unwrap();
+    let waits = tx.stats().would_block;
+    let (released, _) = finish(tx);
+    assert_eq!(released.len(), 64);
+    let got = peer.join().unwrap();
+    assert_eq!(got.bytes, 64 * 1000);
+    eprintln!("64 buffers through a queue of 4: {waits} waits");
+    assert!(
+        waits <= 4,
+        "{waits} waits for a full queue: requests held back"
+    );
 }
 
 /// A buffer whose `as_bytes` panics on demand: user code failing in the middle of a batch.

@@ -349,6 +349,13 @@ impl<B: SendBuf> State<B> {
         }
     }
 
+    /// A request waiting in the SQ is entered as soon as nothing submitted is in flight: outside
+    /// a batch of sends, and always for an ordered socket, whose one request in flight never
+    /// fills a batch (holding it back would idle the connection until the batch ends).
+    fn eager(&self) -> bool {
+        !self.batching || self.ordered
+    }
+
     /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
     /// pages exceed `RLIMIT_MEMLOCK`, however long one waits.
     fn may_pin(&self, bytes: usize) -> bool {
@@ -563,7 +570,7 @@ impl<B: SendBuf> State<B> {
         let submitted = if owed {
             ring.submit()
         } else {
-            ring.submit_if_due(!self.batching)
+            ring.submit_if_due(self.eager())
         };
         if submitted.is_err() || !self.to_push.is_empty() {
             self.owed = true;
@@ -880,7 +887,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             st.queue.push_back((buf, dest));
             st.issue(&mut ring)
         };
-        let res = res.and_then(|()| ring.submit_if_due(!st.batching));
+        let res = res.and_then(|()| ring.submit_if_due(st.eager()));
         // The buffer is queued either way; the next progress enters again and reports a failure.
         if res.is_err() {
             st.owed = true;
@@ -923,9 +930,10 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     fn batch(&mut self, open: bool) {
         let (mut ring, st) = self.split();
         st.batching = open;
-        // The batch's end: what it left in the SQ goes now if nothing submitted is in flight,
-        // as after a lone send. A failure is the next progress's to report, as in `try_send`.
-        if !open && !st.left && ring.submit_if_due(true).is_err() {
+        // The batch's end: what it left in the SQ is entered now, even with a full batch before
+        // it still in flight (no-op with the SQ empty); buffers waiting in `queue` for room go at
+        // the next progress, as after `try_send`. A failure is the next progress's to report.
+        if !open && !st.left && ring.submit().is_err() {
             st.owed = true;
         }
     }
