@@ -961,6 +961,19 @@ fn release_all<B: zerotx::SendBuf>(tx: &mut Sender<B>, out: &mut Vec<zerotx::Rel
     }
 }
 
+/// A `uring-zc` sender to `dest` on a shared ring of its own with `batch`, whose `enters()` count
+/// its `io_uring_enter` calls.
+fn uring_zc_on_shared_ring<B: zerotx::SendBuf>(
+    dest: SocketAddr,
+    batch: usize,
+) -> (UringShared, Sender<B>) {
+    let ring = UringShared::new(UringConfig::default().with_batch(batch)).unwrap();
+    let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+    sock.connect(dest).unwrap();
+    let tx = Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+    (ring, tx)
+}
+
 /// Black-hole sends complete inside the `io_uring_enter` that submits them, so every reap finds
 /// nothing in flight. A `send` loop then enters for the first send after the reap alone (so that
 /// a lone send goes at once) and again for the rest at the next reap; `send_batch` enters once per
@@ -970,11 +983,7 @@ fn send_batch_enters_io_uring_once_per_batch_and_leaves_nothing_behind() {
     util::in_black_hole(65535, |bh| {
         const BATCH: usize = 8;
         let rounds = 20u64;
-        let ring = UringShared::new(UringConfig::default().with_batch(BATCH)).unwrap();
-        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
-        sock.connect(bh.v4).unwrap();
-        let mut tx =
-            Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+        let (ring, mut tx) = uring_zc_on_shared_ring(bh.v4, BATCH);
         let mut out = Vec::new();
 
         let before = ring.enters();
@@ -1057,11 +1066,7 @@ fn send_batch_stops_at_a_failing_buffer_and_keeps_the_rest() {
         }
         // On io_uring, what the batch accepted before the failure is entered as it returns, and
         // the batch is over: a lone send after it goes at once.
-        let ring = UringShared::new(UringConfig::default().with_batch(8)).unwrap();
-        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
-        sock.connect(bh.v4).unwrap();
-        let mut tx =
-            Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+        let (ring, mut tx) = uring_zc_on_shared_ring(bh.v4, 8);
         let mut batch: VecDeque<Vec<u8>> = [vec![1; 100], vec![2; 200], Vec::new()].into();
         let before = ring.enters();
         assert!(tx.send_batch(&mut batch).is_err());
@@ -1119,11 +1124,7 @@ unsafe impl zerotx::SendBuf for Panicky {
 #[test]
 fn a_batch_that_panics_still_ends() {
     util::in_black_hole(65535, |bh| {
-        let ring = UringShared::new(UringConfig::default().with_batch(8)).unwrap();
-        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
-        sock.connect(bh.v4).unwrap();
-        let mut tx =
-            Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+        let (ring, mut tx) = uring_zc_on_shared_ring(bh.v4, 8);
         let mut batch: VecDeque<Panicky> =
             [Panicky(vec![1; 100], false), Panicky(vec![2; 100], true)].into();
         let before = ring.enters();

@@ -139,8 +139,8 @@ pub(crate) trait Engine<B: SendBuf>: Send {
 
     /// A batch of sends begins (`true`) or ends (`false`), for
     /// [`Sender::send_batch`](crate::Sender::send_batch): in between, an engine that batches
-    /// submissions enters the kernel only for a full batch; at the end it enters as it would after
-    /// a lone send. An engine that sends at once has nothing to do.
+    /// submissions enters the kernel only for a full batch; at the end it enters for whatever the
+    /// batch left unsubmitted. An engine that sends at once has nothing to do.
     fn batch(&mut self, _open: bool) {}
 
     /// Counters.
