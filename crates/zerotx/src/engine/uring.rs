@@ -45,12 +45,11 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use socket2::SockAddr;
 
-use super::shared::{SharedRing, UringShared};
+use super::shared::{RingGuard, RingRef, UringShared};
 
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::auto::EpochClock;
@@ -156,7 +155,7 @@ struct Next<B> {
 }
 
 pub(crate) struct UringEngine<B> {
-    ring: Arc<SharedRing>,
+    ring: RingRef,
     /// Everything but the ring, apart so that a call can hold the ring's lock while it changes it.
     st: State<B>,
 }
@@ -283,13 +282,10 @@ impl<B: SendBuf> UringEngine<B> {
             context: "fcntl(F_DUPFD_CLOEXEC) of the socket for io_uring",
             source,
         })?;
-        let ring = match shared {
-            Some(r) => r.ring.clone(),
-            None => SharedRing::new(cfg)?,
-        };
+        let ring = RingRef::new(cfg, shared)?;
         // A datagram socket names itself by registered file slot (see `FILE_SLOTS`).
-        let owner = ring.join(&fd, !sock.kind.is_ordered())?;
-        let cfg = ring.cfg;
+        let owner = ring.shared().join(&fd, !sock.kind.is_ordered())?;
+        let cfg = ring.shared().cfg;
         let report = zc && sysu::report_usage();
         Ok(Self {
             ring,
@@ -329,9 +325,10 @@ impl<B: SendBuf> UringEngine<B> {
         })
     }
 
-    /// The ring, locked, and the state beside it.
-    fn split(&mut self) -> (MutexGuard<'_, Ring>, &mut State<B>) {
-        (self.ring.lock(), &mut self.st)
+    /// The ring (locked if shared) and the state beside it.
+    #[inline]
+    fn split(&mut self) -> (RingGuard<'_>, &mut State<B>) {
+        (self.ring.get(), &mut self.st)
     }
 }
 
@@ -581,31 +578,24 @@ impl<B: SendBuf> State<B> {
     /// Applies every completion this owner has on the ring.
     fn reap(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) {
         let owner = self.owner;
-        ring.reap_with(owner, |cqe, lent| self.on_cqe(cqe, lent, out));
+        ring.reap_with::<Op<B>>(owner, |cqe, lent| self.on_cqe(cqe, lent, out));
     }
 
     /// One CQE and its request (lent by the ring, or handed back with its last CQE): record it;
     /// on the first, decide what follows; on the last, carry that out.
     #[inline]
-    fn on_cqe(&mut self, cqe: Cqe, lent: Lent<'_>, out: &mut Vec<Released<B>>) {
-        if cqe.req == sysu::CANCEL {
-            return; // the cancel of a shutdown: its count of cancelled requests is not needed
-        }
+    fn on_cqe(&mut self, cqe: Cqe, lent: Lent<'_, Op<B>>, out: &mut Vec<Released<B>>) {
         match lent {
-            Lent::Live(meta) => match meta.downcast_mut::<Req>() {
-                Some(req) => self.account(req, cqe, out),
-                None => self.stats.bad_completions += 1,
-            },
-            Lent::Back(op) => match op.downcast::<Op<B>>() {
-                Ok(mut op) => {
-                    self.in_ring -= 1;
-                    self.account(&mut op.meta, cqe, out);
-                    self.on_last(op, out);
-                }
-                // Every request of this owner is an `Op<B>`.
-                Err(_) => self.stats.bad_completions += 1,
-            },
-            Lent::Unknown => self.stats.bad_completions += 1,
+            Lent::Live(req) => self.account(req, cqe, out),
+            Lent::Back(mut op) => {
+                self.in_ring -= 1;
+                self.account(&mut op.meta, cqe, out);
+                self.on_last(op, out);
+            }
+            // The cancel of a shutdown: its count of cancelled requests is not needed.
+            Lent::Other if cqe.req == sysu::CANCEL => {}
+            // Every other request of this owner is an `Op<B>`.
+            Lent::Other | Lent::Unknown => self.stats.bad_completions += 1,
         }
     }
 
@@ -838,7 +828,7 @@ impl<B: SendBuf> State<B> {
 impl<B> Drop for UringEngine<B> {
     fn drop(&mut self) {
         if !self.st.left {
-            self.ring.lock().leave(self.st.owner);
+            self.ring.get().leave(self.st.owner);
         }
         if self.st.leak_fd {
             // An SQE that names this number may still be in the SQ: never let the number be
@@ -945,7 +935,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         }
         // Another sender on a shared ring may reap our completions into our inbox without the
         // ring's fd ever waking us: look again soon.
-        (Arc::strong_count(&self.ring) > 1).then_some(SHARED_WAIT_SLICE)
+        self.ring.is_shared().then_some(SHARED_WAIT_SLICE)
     }
 
     fn stats(&self) -> Stats {
@@ -969,7 +959,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                     .into(),
             });
         }
-        self.ring.register(pool)
+        self.ring.shared().register(pool)
     }
 
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize {

@@ -31,13 +31,16 @@ use crate::report::{Released, Stats};
 /// ([`Lent::Live`](super::Lent::Live)), so [`meta`](Op::meta) must return memory no entry points
 /// at.
 pub(crate) unsafe trait Op: Any + Send {
+    /// What [`meta`](Op::meta) lends.
+    type Meta;
+
     /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
     /// A request on a socket names it as registered file `file` (`IOSQE_FIXED_FILE`) when given.
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry;
 
     /// The part of the request its owner may read and change while the ring holds it (each CQE
     /// before the last lends it): memory the entry does not point at.
-    fn meta(&mut self) -> &mut (dyn Any + Send);
+    fn meta(&mut self) -> &mut Self::Meta;
 }
 
 /// Builds `$op` with `$t` bound to the target: registered file `$file` if `Some`, else
@@ -187,8 +190,10 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
 // they live in the value. `rec` is replaced only by its owner, never while a ring holds the value;
 // `meta`, the one field the ring lends while it holds the value, is not pointed at.
 unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
+    type Meta = M;
+
     #[inline]
-    fn meta(&mut self) -> &mut (dyn Any + Send) {
+    fn meta(&mut self) -> &mut M {
         &mut self.meta
     }
 
@@ -265,7 +270,9 @@ pub(crate) struct Cancel {
 
 // SAFETY: a cancel by descriptor points at no memory.
 unsafe impl Op for Cancel {
-    fn meta(&mut self) -> &mut (dyn Any + Send) {
+    type Meta = Self;
+
+    fn meta(&mut self) -> &mut Self {
         self
     }
 
@@ -279,7 +286,9 @@ pub(crate) struct Nop;
 
 // SAFETY: a NOP points at no memory.
 unsafe impl Op for Nop {
-    fn meta(&mut self) -> &mut (dyn Any + Send) {
+    type Meta = Self;
+
+    fn meta(&mut self) -> &mut Self {
         self
     }
 
