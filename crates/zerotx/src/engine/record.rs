@@ -174,6 +174,15 @@ impl<B: SendBuf> Record<B> {
         let mut sent = self.sent;
         let mut error = self.error.take();
         let n = self.bufs.len();
+        if n == 1 && sent >= self.total {
+            // The common case, one buffer that went whole, without the drain's iterator (whose
+            // state went through the stack and stalled the copy into `out`).
+            if let Some(buf) = self.bufs.pop() {
+                let bytes = buf.as_bytes().len();
+                give(out, stats, buf, bytes, path, latency, None);
+            }
+            return;
+        }
         for (i, buf) in self.bufs.drain(..).enumerate() {
             let len = buf.as_bytes().len();
             let bytes = len.min(sent);
