@@ -590,6 +590,28 @@ impl<B: SendBuf> Sender<B> {
         Ok(())
     }
 
+    /// As [`send_batch`](Self::send_batch) without blocking, for an event loop: sends from the
+    /// front of `bufs` until the socket, the zero-copy budget or the engine's queue is full, and
+    /// returns how many it accepted. The rest stay in `bufs`: wait on
+    /// [`readiness`](Self::readiness) and call again. Stops at the first failure: that buffer
+    /// comes back in the error, the ones after it stay in `bufs`, and the ones before it were
+    /// accepted.
+    pub fn try_send_batch(&mut self, bufs: &mut VecDeque<B>) -> Result<usize, SendError<B>> {
+        let batch = Batch::open(self);
+        let mut accepted = 0;
+        while let Some(buf) = bufs.pop_front() {
+            match batch.0.submit(buf, None) {
+                Ok(()) => accepted += 1,
+                Err(SendError::WouldBlock(buf)) => {
+                    bufs.push_front(buf);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(accepted)
+    }
+
     #[inline]
     fn send_blocking(
         &mut self,

@@ -1151,3 +1151,59 @@ fn a_batch_that_panics_still_ends() {
         assert_eq!(released.len(), 1);
     });
 }
+
+/// `try_send_batch` takes what fits and leaves the rest in the caller's queue, without blocking
+/// and without an error; an event loop that waits on `readiness` and calls it again gets the
+/// whole stream through, in order, on every engine.
+#[test]
+fn try_send_batch_takes_what_fits_and_leaves_the_rest() {
+    const BLOCK: usize = 64 << 10;
+    // More than the io_uring engines queue in userspace (`queue_limit` 256, plus a request).
+    const COUNT: usize = 512;
+    for &kind in util::engines() {
+        let slow = Peer {
+            verify: true,
+            pause: Duration::from_micros(500),
+            rcvbuf: Some(64 << 10),
+            ..Peer::default()
+        };
+        let (client, peer) = tcp_pair(false, slow);
+        let mut tx = Sender::new(client, kind).unwrap();
+        let mut queue: VecDeque<Vec<u8>> = (0..COUNT)
+            .map(|i| {
+                let mut b = vec![0; BLOCK];
+                fill(&mut b, (i * BLOCK) as u64);
+                b
+            })
+            .collect();
+        let first = tx.try_send_batch(&mut queue).unwrap();
+        assert!(
+            first > 0 && first < COUNT,
+            "{kind}: a slow reader took {first} of {COUNT} x 64 KiB at once"
+        );
+        assert_eq!(queue.len(), COUNT - first, "{kind}");
+        let mut out = Vec::new();
+        while !queue.is_empty() {
+            let r = tx.readiness();
+            let mut p = libc::pollfd {
+                fd: r.fd,
+                events: r.events,
+                revents: 0,
+            };
+            // SAFETY: one live pollfd, count 1.
+            let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+            assert!(n > 0, "{kind}: no progress within 10 s");
+            tx.reap(&mut out).unwrap();
+            let before = queue.len();
+            let took = tx.try_send_batch(&mut queue).unwrap();
+            assert_eq!(queue.len(), before - took, "{kind}");
+        }
+        let (rest, _) = finish(tx);
+        out.extend(rest);
+        assert_eq!(out.len(), COUNT, "{kind}: every buffer back once");
+        assert!(out.iter().all(|r| r.report.error.is_none()), "{kind}");
+        let got = peer.join().unwrap();
+        assert_eq!(got.bytes, (COUNT * BLOCK) as u64, "{kind}");
+        assert_eq!(got.mismatches, 0, "{kind}: at {:?}", got.first_mismatch);
+    }
+}

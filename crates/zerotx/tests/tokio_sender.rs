@@ -5,6 +5,7 @@
 
 mod util;
 
+use std::collections::VecDeque;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -568,4 +569,121 @@ fn a_stalled_sender_on_a_busy_ring_does_not_spin() {
         assert_eq!(a.close(Duration::from_secs(10)).await.kept, 0);
     });
     assert_eq!(reader.join().unwrap().bytes, 32 << 20);
+}
+
+/// `send_batch` on every engine: a stream sent as batches of 16 buffers arrives whole and in
+/// order, with each buffer overwritten the moment it comes back (an early release would show at
+/// the reader), and every buffer comes back once.
+#[test]
+fn send_batch_keeps_the_stream_whole_on_every_engine() {
+    const BLOCK: usize = 64 << 10;
+    const BATCH: usize = 16;
+    const TOTAL: u64 = 8 << 20;
+    let rt = current_thread();
+    for &kind in util::engines() {
+        let peer = Peer {
+            verify: true,
+            pause: Duration::from_micros(300),
+            rcvbuf: Some(64 << 10),
+            ..Peer::default()
+        };
+        let (client, reader) = tcp_pair(false, peer);
+        rt.block_on(async {
+            let tx: AsyncSender<Vec<u8>> = AsyncSender::new(client, kind).expect("sender");
+            let mut free: Vec<Vec<u8>> = (0..2 * BATCH).map(|_| vec![0u8; BLOCK]).collect();
+            let mut queue = VecDeque::new();
+            let (mut offset, mut sent, mut back) = (0u64, 0u64, 0u64);
+            while offset < TOTAL {
+                while queue.len() < BATCH && offset < TOTAL {
+                    let mut buf = match free.pop() {
+                        Some(b) => b,
+                        None => {
+                            let r = tx.released().await.unwrap().expect("buffers in flight");
+                            assert!(r.report.error.is_none(), "{kind}: {:?}", r.report.error);
+                            back += 1;
+                            let mut b = r.buf;
+                            b.fill(0xEE);
+                            b
+                        }
+                    };
+                    fill(&mut buf, offset);
+                    offset += BLOCK as u64;
+                    queue.push_back(buf);
+                }
+                sent += queue.len() as u64;
+                tx.send_batch(&mut queue).await.expect("send_batch");
+                assert!(queue.is_empty(), "{kind}: resolved with buffers left");
+            }
+            tx.flush(Duration::from_secs(20)).await.expect("flush");
+            while let Some(r) = tx.released().await.unwrap() {
+                assert!(r.report.error.is_none());
+                back += 1;
+            }
+            assert_eq!(back, sent, "{kind}: every buffer came back exactly once");
+            assert_eq!(tx.close(Duration::from_secs(5)).await.kept, 0, "{kind}");
+        });
+        let got = reader.join().unwrap();
+        assert_eq!(got.bytes, TOTAL, "{kind}: bytes received");
+        assert_eq!(got.mismatches, 0, "{kind}: at {:?}", got.first_mismatch);
+    }
+}
+
+/// `send_batch` to a peer that reads nothing waits (without taking more than the engine may
+/// hold), and a future dropped while it waits leaves every buffer it had not handed over in the
+/// caller's queue: none lost, none sent twice.
+#[test]
+fn send_batch_waits_for_room_and_a_dropped_future_keeps_the_rest() {
+    const COUNT: usize = 400;
+    for kind in [
+        EngineKind::Copy,
+        EngineKind::MsgZerocopy,
+        EngineKind::Uring,
+        EngineKind::UringZc,
+    ] {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        socket2::SockRef::from(&server)
+            .set_recv_buffer_size(32 << 10)
+            .unwrap();
+        let object: Arc<[u8]> = vec![1u8; 256 << 10].into();
+        let cfg = zerotx::UringConfig::default();
+        let bound = match kind {
+            EngineKind::UringZc | EngineKind::Uring => cfg.queue_limit + cfg.batch + 2,
+            _ => 32,
+        };
+        let mut queue: VecDeque<Arc<[u8]>> = (0..COUNT).map(|_| object.clone()).collect();
+        current_thread().block_on(async {
+            let tx = AsyncSender::new(client, kind).expect("sender");
+            let waited =
+                tokio::time::timeout(Duration::from_millis(300), tx.send_batch(&mut queue)).await;
+            assert!(
+                waited.is_err(),
+                "{kind}: a peer that reads nothing took it all"
+            );
+            let accepted = COUNT - queue.len();
+            assert!(
+                accepted > 0 && accepted <= bound,
+                "{kind}: {accepted} buffers accepted by a peer that reads nothing"
+            );
+            assert_eq!(
+                tx.outstanding(),
+                accepted,
+                "{kind}: the sender holds what it took"
+            );
+            // The peer goes away: everything accepted comes back, nothing more.
+            socket2::SockRef::from(&server)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+            drop(server);
+            let closed = tx.close(Duration::from_secs(10)).await;
+            assert_eq!(closed.kept, 0, "{kind}");
+            assert_eq!(closed.released.len(), accepted, "{kind}");
+        });
+        assert_eq!(
+            queue.len() + 1,
+            Arc::strong_count(&object),
+            "{kind}: a buffer was lost"
+        );
+    }
 }

@@ -74,6 +74,7 @@ mod ring;
 
 pub use ring::thread_ring;
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -230,7 +231,30 @@ impl<B: SendBuf> AsyncSender<B> {
         self.send_inner(buf, Some(dest.into())).await
     }
 
-    async fn send_inner(&self, mut buf: B, dest: Option<Destination>) -> Result<(), SendError<B>> {
+    /// Sends the buffers of `bufs` in order, front first, as [`send`](Self::send) sends each:
+    /// resolves once every one was accepted, waiting without blocking the thread while the socket
+    /// or the zero-copy budget is full. The buffers accepted at one go form one batch for the
+    /// io_uring engines, entered in one `io_uring_enter` per full batch (see
+    /// [`Sender::send_batch`]). Connected sockets only.
+    ///
+    /// Stops at the first failure: that buffer comes back in the error, the ones after it stay in
+    /// `bufs`. Cancel-safe: a future dropped before it resolved leaves every buffer it had not
+    /// handed to the sender in `bufs`.
+    pub async fn send_batch(&self, bufs: &mut VecDeque<B>) -> Result<(), SendError<B>> {
+        self.offer(bufs).await
+    }
+
+    async fn send_inner(&self, buf: B, dest: Option<Destination>) -> Result<(), SendError<B>> {
+        self.offer(One {
+            buf: Some(buf),
+            dest,
+        })
+        .await
+    }
+
+    /// Offers `what` to the sender until it took all of it, waiting for the driver while the
+    /// sender hands buffers back for lack of room.
+    async fn offer(&self, mut what: impl Offer<B>) -> Result<(), SendError<B>> {
         loop {
             let notified = self.shared.owner.notified();
             ::tokio::pin!(notified);
@@ -239,24 +263,18 @@ impl<B: SendBuf> AsyncSender<B> {
             notified.as_mut().enable();
             {
                 let mut st = self.shared.lock();
-                let tx = st.tx();
-                let res = match dest {
-                    None => tx.try_send(buf),
-                    Some(d) => tx.try_send_to(buf, d),
-                };
-                match res {
-                    Err(SendError::WouldBlock(b)) => buf = b,
-                    other => {
-                        // The driver sleeps when nothing is held; a ring also wants its fresh
-                        // request entered soon.
-                        if other.is_ok() && (st.idle || self.ring) {
-                            st.idle = false;
-                            self.shared.driver.notify_one();
-                        }
-                        return other;
-                    }
+                let (accepted, res) = what.offer(st.tx());
+                // The driver sleeps when nothing is held; a ring also wants its fresh requests
+                // entered soon.
+                if accepted > 0 && (st.idle || self.ring) {
+                    st.idle = false;
+                    self.shared.driver.notify_one();
+                }
+                if res? {
+                    return Ok(());
                 }
                 if let Some(error) = st.error.take() {
+                    let buf = what.take_front().expect("a handed-back buffer waits");
                     return Err(SendError::Io { buf, error });
                 }
             }
@@ -369,6 +387,61 @@ impl<B: SendBuf> AsyncSender<B> {
         released.append(&mut closed.released);
         closed.released = released;
         closed
+    }
+}
+
+/// What [`AsyncSender::offer`] offers: one buffer, or a queue of them.
+trait Offer<B: SendBuf> {
+    /// One attempt without blocking: how many buffers the sender accepted, and whether that was
+    /// all of them (`false`: a buffer was handed back for lack of room and waits here).
+    fn offer(&mut self, tx: &mut Sender<B>) -> (usize, Result<bool, SendError<B>>);
+
+    /// The buffer that waits, to come back with an error.
+    fn take_front(&mut self) -> Option<B>;
+}
+
+/// One buffer, to the connected peer or to `dest`.
+struct One<B> {
+    buf: Option<B>,
+    dest: Option<Destination>,
+}
+
+impl<B: SendBuf> Offer<B> for One<B> {
+    fn offer(&mut self, tx: &mut Sender<B>) -> (usize, Result<bool, SendError<B>>) {
+        let Some(buf) = self.buf.take() else {
+            return (0, Ok(true));
+        };
+        let res = match self.dest {
+            None => tx.try_send(buf),
+            Some(d) => tx.try_send_to(buf, d),
+        };
+        match res {
+            Ok(()) => (1, Ok(true)),
+            Err(SendError::WouldBlock(b)) => {
+                self.buf = Some(b);
+                (0, Ok(false))
+            }
+            Err(e) => (0, Err(e)),
+        }
+    }
+
+    fn take_front(&mut self) -> Option<B> {
+        self.buf.take()
+    }
+}
+
+impl<B: SendBuf> Offer<B> for &mut VecDeque<B> {
+    fn offer(&mut self, tx: &mut Sender<B>) -> (usize, Result<bool, SendError<B>>) {
+        let before = self.len();
+        match tx.try_send_batch(self) {
+            Ok(n) => (n, Ok(self.is_empty())),
+            // The failed buffer left the queue with the error.
+            Err(e) => (before - self.len() - 1, Err(e)),
+        }
+    }
+
+    fn take_front(&mut self) -> Option<B> {
+        self.pop_front()
     }
 }
 
