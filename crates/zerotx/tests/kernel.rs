@@ -1161,12 +1161,7 @@ fn try_send_batch_takes_what_fits_and_leaves_the_rest() {
     // More than the io_uring engines queue in userspace (`queue_limit` 256, plus a request).
     const COUNT: usize = 512;
     for &kind in util::engines() {
-        let slow = Peer {
-            verify: true,
-            pause: Duration::from_micros(500),
-            rcvbuf: Some(64 << 10),
-            ..Peer::default()
-        };
+        let slow = Peer::slow(Duration::from_micros(500), 64 << 10);
         let (client, peer) = tcp_pair(false, slow);
         let mut tx = Sender::new(client, kind).unwrap();
         let mut queue: VecDeque<Vec<u8>> = (0..COUNT)
@@ -1184,15 +1179,7 @@ fn try_send_batch_takes_what_fits_and_leaves_the_rest() {
         assert_eq!(queue.len(), COUNT - first, "{kind}");
         let mut out = Vec::new();
         while !queue.is_empty() {
-            let r = tx.readiness();
-            let mut p = libc::pollfd {
-                fd: r.fd,
-                events: r.events,
-                revents: 0,
-            };
-            // SAFETY: one live pollfd, count 1.
-            let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-            assert!(n > 0, "{kind}: no progress within 10 s");
+            util::wait_ready(&mut tx);
             tx.reap(&mut out).unwrap();
             let before = queue.len();
             let took = tx.try_send_batch(&mut queue).unwrap();

@@ -68,12 +68,7 @@ async fn pattern_stream(tx: &AsyncSender<Vec<u8>>, total: u64, block: usize, rin
 fn integrity(rt: Runtime, name: &str) {
     const TOTAL: u64 = 24 << 20;
     for &kind in util::engines() {
-        let peer = Peer {
-            verify: true,
-            pause: Duration::from_micros(300),
-            rcvbuf: Some(64 << 10),
-            ..Peer::default()
-        };
+        let peer = Peer::slow(Duration::from_micros(300), 64 << 10);
         let (client, reader) = tcp_pair(false, peer);
         let stats = rt.block_on(async {
             let tx = AsyncSender::new(client, kind).expect("sender");
@@ -205,6 +200,38 @@ fn peer_reset_mid_stream_returns_every_buffer() {
     }
 }
 
+/// A TCP connection on loopback whose accepted side (returned second) never reads, with a small
+/// receive buffer.
+fn stalled_peer() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    socket2::SockRef::from(&server)
+        .set_recv_buffer_size(32 << 10)
+        .unwrap();
+    (client, server)
+}
+
+/// How many 256 KiB buffers `kind` may accept for a [`stalled_peer`]: the socket buffer takes a
+/// few; the io_uring engines also queue up to `queue_limit` buffers in userspace and one request
+/// of `batch` buffers (a bound by count). (`auto` takes io_uring for TCP here.)
+fn stalled_bound(kind: EngineKind) -> usize {
+    let cfg = zerotx::UringConfig::default();
+    match kind {
+        EngineKind::UringZc | EngineKind::Uring | EngineKind::Auto => {
+            cfg.queue_limit + cfg.batch + 2
+        }
+        _ => 32,
+    }
+}
+
+/// The peer goes away with a reset (SO_LINGER 0).
+fn reset(server: TcpStream) {
+    socket2::SockRef::from(&server)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+}
+
 /// A peer that stops reading: `send` waits (backpressure) instead of queueing without bound, and
 /// everything comes back once the peer goes away.
 #[test]
@@ -215,23 +242,9 @@ fn stalled_peer_backpressure_then_reset() {
         EngineKind::UringZc,
         EngineKind::Copy,
     ] {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        socket2::SockRef::from(&server)
-            .set_recv_buffer_size(32 << 10)
-            .unwrap();
+        let (client, server) = stalled_peer();
         let object: Arc<[u8]> = vec![1u8; 256 << 10].into();
-        // The socket buffer takes a few; the io_uring engines also queue up to `queue_limit`
-        // buffers in userspace and one request of `batch` buffers (a bound by count).
-        let cfg = zerotx::UringConfig::default();
-        let bound = match kind {
-            // (auto takes io_uring for TCP here.)
-            EngineKind::UringZc | EngineKind::Uring | EngineKind::Auto => {
-                cfg.queue_limit + cfg.batch + 2
-            }
-            _ => 32,
-        };
+        let bound = stalled_bound(kind);
         current_thread().block_on(async {
             let tx = AsyncSender::new(client, kind).expect("sender");
             let mut accepted = 0;
@@ -250,10 +263,7 @@ fn stalled_peer_backpressure_then_reset() {
             }
             assert!(tx.in_flight() <= accepted);
             // The peer goes away: everything in flight must come back.
-            socket2::SockRef::from(&server)
-                .set_linger(Some(Duration::ZERO))
-                .unwrap();
-            drop(server);
+            reset(server);
             let closed = tx.close(Duration::from_secs(10)).await;
             assert_eq!(closed.kept, 0, "{kind}");
         });
@@ -267,12 +277,7 @@ fn stalled_peer_backpressure_then_reset() {
 fn drop_without_close_does_not_block_the_executor() {
     for kind in [EngineKind::MsgZerocopy, EngineKind::UringZc] {
         let leaked_before = leaked_buffers();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        socket2::SockRef::from(&server)
-            .set_recv_buffer_size(32 << 10)
-            .unwrap();
+        let (client, server) = stalled_peer();
         let object: Arc<[u8]> = vec![2u8; 1 << 20].into();
         current_thread().block_on(async {
             let tx = AsyncSender::new(client, kind).expect("sender");
@@ -349,12 +354,7 @@ fn from_tokio_stream_every_engine() {
     const TOTAL: u64 = 8 << 20;
     let rt = current_thread();
     for &kind in util::engines() {
-        let peer = Peer {
-            verify: true,
-            pause: Duration::from_micros(300),
-            rcvbuf: Some(32 << 10),
-            ..Peer::default()
-        };
+        let peer = Peer::slow(Duration::from_micros(300), 32 << 10);
         let (client, reader) = tcp_pair(false, peer);
         rt.block_on(async {
             client.set_nonblocking(true).unwrap();
@@ -378,12 +378,7 @@ fn progress_without_the_owner() {
     const CHUNK: usize = 256 << 10;
     for (name, rt) in [("current", current_thread()), ("multi", multi_thread())] {
         for &kind in util::engines() {
-            let peer = Peer {
-                verify: true,
-                pause: Duration::from_millis(1),
-                rcvbuf: Some(32 << 10),
-                ..Peer::default()
-            };
+            let peer = Peer::slow(Duration::from_millis(1), 32 << 10);
             let (client, reader) = tcp_pair(false, peer);
             rt.block_on(async {
                 let tx = AsyncSender::new(client, kind).expect("sender");
@@ -581,12 +576,7 @@ fn send_batch_keeps_the_stream_whole_on_every_engine() {
     const TOTAL: u64 = 8 << 20;
     let rt = current_thread();
     for &kind in util::engines() {
-        let peer = Peer {
-            verify: true,
-            pause: Duration::from_micros(300),
-            rcvbuf: Some(64 << 10),
-            ..Peer::default()
-        };
+        let peer = Peer::slow(Duration::from_micros(300), 64 << 10);
         let (client, reader) = tcp_pair(false, peer);
         rt.block_on(async {
             let tx: AsyncSender<Vec<u8>> = AsyncSender::new(client, kind).expect("sender");
@@ -640,18 +630,9 @@ fn send_batch_waits_for_room_and_a_dropped_future_keeps_the_rest() {
         EngineKind::Uring,
         EngineKind::UringZc,
     ] {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (server, _) = listener.accept().unwrap();
-        socket2::SockRef::from(&server)
-            .set_recv_buffer_size(32 << 10)
-            .unwrap();
+        let (client, server) = stalled_peer();
         let object: Arc<[u8]> = vec![1u8; 256 << 10].into();
-        let cfg = zerotx::UringConfig::default();
-        let bound = match kind {
-            EngineKind::UringZc | EngineKind::Uring => cfg.queue_limit + cfg.batch + 2,
-            _ => 32,
-        };
+        let bound = stalled_bound(kind);
         let mut queue: VecDeque<Arc<[u8]>> = (0..COUNT).map(|_| object.clone()).collect();
         current_thread().block_on(async {
             let tx = AsyncSender::new(client, kind).expect("sender");
@@ -672,10 +653,7 @@ fn send_batch_waits_for_room_and_a_dropped_future_keeps_the_rest() {
                 "{kind}: the sender holds what it took"
             );
             // The peer goes away: everything accepted comes back, nothing more.
-            socket2::SockRef::from(&server)
-                .set_linger(Some(Duration::ZERO))
-                .unwrap();
-            drop(server);
+            reset(server);
             let closed = tx.close(Duration::from_secs(10)).await;
             assert_eq!(closed.kept, 0, "{kind}");
             assert_eq!(closed.released.len(), accepted, "{kind}");

@@ -99,6 +99,19 @@ pub struct Peer {
     pub rcvbuf: Option<usize>,
 }
 
+impl Peer {
+    /// A reader that checks every byte and keeps the sender's socket buffer full: it sleeps
+    /// `pause` between reads, with a receive buffer of `rcvbuf` bytes.
+    pub fn slow(pause: Duration, rcvbuf: usize) -> Self {
+        Self {
+            verify: true,
+            pause,
+            rcvbuf: Some(rcvbuf),
+            ..Self::default()
+        }
+    }
+}
+
 /// A TCP listener on loopback and a connected client; the accepted side runs `peer` on a thread.
 pub fn tcp_pair(v6: bool, peer: Peer) -> (TcpStream, JoinHandle<Received>) {
     let listener = TcpListener::bind(SocketAddr::new(localhost(v6), 0)).expect("bind loopback");
@@ -345,6 +358,26 @@ pub fn set_recverr(fd: std::os::fd::BorrowedFd<'_>, v6: bool) {
     assert_eq!(rc, 0, "RECVERR: {}", io::Error::last_os_error());
 }
 
+/// Waits (up to 10 s, else panics) on what `tx.readiness()` names, as an event loop would.
+pub fn wait_ready<B: SendBuf>(tx: &mut Sender<B>) {
+    let r = tx.readiness();
+    let mut p = libc::pollfd {
+        fd: r.fd,
+        events: r.events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, 10_000) };
+    assert!(
+        n > 0,
+        "{}: asleep 10 s with {} held (events {}), {:?}",
+        tx.engine(),
+        tx.outstanding(),
+        r.events,
+        tx.stats()
+    );
+}
+
 /// Drives `tx` the way a caller's own event loop does, with the non-blocking calls only:
 /// `try_send` until the sender hands a buffer back, `reap`, then `poll(2)` on what `readiness`
 /// names. Sends `total` bytes of the stream pattern in `block`-sized buffers. `think` is work
@@ -387,21 +420,7 @@ pub fn poll_loop(tx: &mut Sender<Vec<u8>>, total: u64, block: usize, think: Dura
         if released == count {
             break;
         }
-        let r = tx.readiness();
-        let mut p = libc::pollfd {
-            fd: r.fd,
-            events: r.events,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let n = unsafe { libc::poll(&mut p, 1, 10_000) };
-        assert!(
-            n > 0,
-            "{kind}: asleep 10 s with {} held (events {}), {:?}",
-            tx.outstanding(),
-            r.events,
-            tx.stats()
-        );
+        wait_ready(tx);
         waits += 1;
     }
     waits
