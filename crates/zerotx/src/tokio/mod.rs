@@ -302,7 +302,7 @@ impl<B: SendBuf> AsyncSender<B> {
                 if let Some(e) = st.error.take() {
                     return Err(e);
                 }
-                if st.reap() > 0 {
+                if st.reap_for_owner(&self.shared.owner) > 0 {
                     continue;
                 }
                 if st.tx().in_flight() == 0 {
@@ -320,7 +320,7 @@ impl<B: SendBuf> AsyncSender<B> {
         if let Some(e) = st.error.take() {
             return Err(e);
         }
-        st.reap();
+        st.reap_for_owner(&self.shared.owner);
         let n = st.released.len();
         out.extend(st.released.drain(..));
         Ok(n)
@@ -347,7 +347,7 @@ impl<B: SendBuf> AsyncSender<B> {
             notified.as_mut().enable();
             {
                 let mut st = self.shared.lock();
-                st.reap();
+                st.reap_for_owner(&self.shared.owner);
                 if let Some(source) = st.error.take() {
                     return Err(Error::Io {
                         context: "waiting for completions",
