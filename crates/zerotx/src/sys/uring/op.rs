@@ -26,7 +26,8 @@ use crate::report::{Released, Stats};
 /// The entry [`entry`](Op::entry) returns may point only at memory the value owns: its own fields,
 /// or the bytes of the [`SendBuf`]s it holds. All of it must stay valid, in place and unchanged
 /// for as long as the value lives at the address `entry` was called on (the ring keeps it boxed
-/// until the request's last CQE, then hands the box back; it never drops one earlier). Between
+/// until the request's last CQE, then hands the box back, or drops it there if its owner reaps
+/// another type ([`Lent::Other`](super::Lent::Other)); it never drops one earlier). Between
 /// CQEs the ring lends its owner only what [`meta`](Op::meta) returns
 /// ([`Lent::Live`](super::Lent::Live)), so [`meta`](Op::meta) must return memory no entry points
 /// at.

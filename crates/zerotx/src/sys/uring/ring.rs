@@ -345,6 +345,8 @@ impl Ring {
         mut op: Box<O>,
     ) -> Result<(), Refused<O>> {
         let slot = self.slots.vacant_key();
+        debug_assert!(slot < NO_SLOT as usize, "slot {slot} does not fit a Cqe");
+        debug_assert!(req < UNKNOWN || req == CANCEL, "tag {req} is reserved");
         let file = self.owner(owner).and_then(|o| o.file);
         let entry = op
             .entry(file)
@@ -616,14 +618,22 @@ fn lend<O: Op>(
         let op = unsafe { Box::from_raw(Box::into_raw(op).cast::<O>()) };
         apply(cqe, Lent::Back(op));
     } else if ours {
-        let op: *mut (dyn Any + Send) = &mut *slots[idx].op;
-        // SAFETY: as above, the value is an `O`; the reference lives only for this call, while
-        // the slot (and the ring, borrowed mutably) is not touched otherwise.
-        let op = unsafe { &mut *op.cast::<O>() };
+        // SAFETY: as above, the value is an `O`.
+        let op = unsafe { as_op::<O>(&mut *slots[idx].op) };
         apply(cqe, Lent::Live(op.meta()));
     } else {
         apply(cqe, Lent::Other);
     }
+}
+
+/// `value` as the `O` it is, borrowed as long as `value` is (so the slot cannot be touched while
+/// the request is lent).
+///
+/// # Safety
+/// `value` must be an `O` (its slot's `TypeId` is `O`'s).
+unsafe fn as_op<O: Op>(value: &mut (dyn Any + Send)) -> &mut O {
+    // SAFETY: the caller's promise; the thin pointer keeps the value's address.
+    unsafe { &mut *(value as *mut (dyn Any + Send)).cast::<O>() }
 }
 
 impl Drop for Ring {
