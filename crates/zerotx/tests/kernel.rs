@@ -1161,8 +1161,9 @@ fn try_send_batch_takes_what_fits_and_leaves_the_rest() {
     // More than the io_uring engines queue in userspace (`queue_limit` 256, plus a request).
     const COUNT: usize = 512;
     for &kind in util::engines() {
-        let slow = Peer::slow(Duration::from_micros(500), 64 << 10);
-        let (client, peer) = tcp_pair(false, slow);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
         let mut tx = Sender::new(client, kind).unwrap();
         let mut queue: VecDeque<Vec<u8>> = (0..COUNT)
             .map(|i| {
@@ -1174,9 +1175,13 @@ fn try_send_batch_takes_what_fits_and_leaves_the_rest() {
         let first = tx.try_send_batch(&mut queue).unwrap();
         assert!(
             first > 0 && first < COUNT,
-            "{kind}: a slow reader took {first} of {COUNT} x 64 KiB at once"
+            "{kind}: a peer that reads nothing took {first} of {COUNT} x 64 KiB at once"
         );
         assert_eq!(queue.len(), COUNT - first, "{kind}");
+        // The reader starts only now, so the first call met a peer that reads nothing whatever
+        // the machine's load.
+        let slow = Peer::slow(Duration::from_micros(500), 64 << 10);
+        let peer = std::thread::spawn(move || util::receive(server, slow));
         let mut out = Vec::new();
         while !queue.is_empty() {
             util::wait_ready(&mut tx);

@@ -125,7 +125,8 @@ pub fn tcp_pair(v6: bool, peer: Peer) -> (TcpStream, JoinHandle<Received>) {
     (client, handle)
 }
 
-fn receive(mut s: TcpStream, peer: Peer) -> Received {
+/// Reads the accepted side `s` as `peer` says, until the sender closes or `peer` resets.
+pub fn receive(mut s: TcpStream, peer: Peer) -> Received {
     if let Some(n) = peer.rcvbuf {
         socket2::SockRef::from(&s).set_recv_buffer_size(n).unwrap();
     }
