@@ -101,22 +101,22 @@ impl<B: SendBuf> State<B> {
             }
         }
     }
-}
 
-impl<B: SendBuf> State<B> {
     /// Reaps for one of the owner's own calls (`released`, `drain_released`, `flush`). Such a reap
     /// may take the completions whose readiness the driver waits for; the driver then cleared
     /// that readiness or never sees it, and a send handed back for lack of those completions
     /// waited for ever (seen twice under load: one task blocked in `send` with nothing in flight
     /// while another took the releases, `send_and_release_from_two_tasks`). So a reap here that
     /// made progress wakes the owner's waits whenever a send is blocked, as the driver's own reap
-    /// does.
+    /// does. The completion count is read only then: `released` reaps once per buffer.
     pub(super) fn reap_for_owner(&mut self, owner: &Notify) -> usize {
         let completions = |st: &Self| st.tx.as_ref().map(|t| t.stats().completions);
-        let before = completions(self);
+        let before = (self.blocked > 0).then(|| completions(self));
         let n = self.reap();
-        if self.blocked > 0 && (n > 0 || completions(self) != before) {
-            owner.notify_waiters();
+        if let Some(before) = before {
+            if n > 0 || completions(self) != before {
+                owner.notify_waiters();
+            }
         }
         n
     }
