@@ -33,15 +33,23 @@
 
 use std::collections::VecDeque;
 
-use slab::Slab;
-
 use crate::cmsg::ZcRange;
 
 /// Identifies an item in the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlotId(usize);
 
-/// An item whose ids have all completed and which the caller has sealed.
+/// How a settled item's ids went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Done {
+    /// Zero-copy ids the item took.
+    pub ids: u64,
+    /// Any of its ids completed with the COPIED flag.
+    pub kernel_copied: bool,
+}
+
+/// An item whose ids have all completed and which the caller has sealed, taken out of the ledger
+/// (the by-value calls; an engine settles items in their slot with the `_with` calls).
 #[derive(Debug)]
 pub struct Settled<T> {
     /// The caller's item (typically the buffer and its send record).
@@ -85,9 +93,12 @@ struct Entry {
     done: bool,
 }
 
+/// A slot. A free one keeps its last item, settled (an engine's record without buffers), for the
+/// next insert to fill in place.
 #[derive(Debug)]
 struct Held<T> {
     item: T,
+    live: bool,
     ids: u64,
     pending: u64,
     sealed: bool,
@@ -95,9 +106,17 @@ struct Held<T> {
 }
 
 /// See the module docs.
+///
+/// The slots are a slab written here rather than taken from the `slab` crate: an item is built in
+/// its slot ([`insert_with`](Self::insert_with)) and settled there
+/// ([`complete_with`](Self::complete_with)), so a send record is never moved between the
+/// caller, the ledger and a list of settled items. Each such move of a freshly written record
+/// stalled on store forwarding and showed in the profile of every zero-copy send.
 #[derive(Debug)]
 pub struct Ledger<T> {
-    slots: Slab<Held<T>>,
+    slots: Vec<Held<T>>,
+    /// Indices of free slots.
+    free: Vec<usize>,
     window: VecDeque<Entry>,
     base: u32,
     held: usize,
@@ -111,7 +130,8 @@ impl<T> Ledger<T> {
     /// A ledger whose first send will take `first_id` (0 on a fresh socket).
     pub fn new(first_id: u32) -> Self {
         Self {
-            slots: Slab::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
             window: VecDeque::new(),
             base: first_id,
             held: 0,
@@ -125,8 +145,7 @@ impl<T> Ledger<T> {
         self.base.wrapping_add(self.window.len() as u32)
     }
 
-    /// Items held: inserted and not yet returned by [`seal`](Self::seal) or
-    /// [`complete`](Self::complete).
+    /// Items held: inserted and not yet settled.
     pub fn held(&self) -> usize {
         self.held
     }
@@ -144,21 +163,47 @@ impl<T> Ledger<T> {
     /// Starts holding `item`. It is returned only once it is sealed and all its ids completed.
     #[inline]
     pub fn insert(&mut self, item: T) -> SlotId {
-        let held = Held {
-            item,
-            ids: 0,
-            pending: 0,
-            sealed: false,
-            copied: false,
-        };
+        self.insert_with(item, |old, item| *old = item, |item| item)
+    }
+
+    /// Starts holding an item built in place from `args`: `refill` turns a free slot's settled
+    /// item into the new one, `new` makes one when no slot is free. Settled as
+    /// [`insert`](Self::insert)'s.
+    #[inline]
+    pub fn insert_with<A>(
+        &mut self,
+        args: A,
+        refill: impl FnOnce(&mut T, A),
+        new: impl FnOnce(A) -> T,
+    ) -> SlotId {
         self.held += 1;
-        SlotId(self.slots.insert(held))
+        let Some(i) = self.free.pop() else {
+            self.slots.push(Held {
+                item: new(args),
+                live: true,
+                ids: 0,
+                pending: 0,
+                sealed: false,
+                copied: false,
+            });
+            return SlotId(self.slots.len() - 1);
+        };
+        let held = &mut self.slots[i];
+        debug_assert!(!held.live, "a free slot is live");
+        refill(&mut held.item, args);
+        held.live = true;
+        held.ids = 0;
+        held.pending = 0;
+        held.sealed = false;
+        held.copied = false;
+        SlotId(i)
     }
 
     #[inline]
     fn held_mut(&mut self, slot: SlotId) -> &mut Held<T> {
         self.slots
             .get_mut(slot.0)
+            .filter(|h| h.live)
             .expect("ledger slot used after it was settled")
     }
 
@@ -174,6 +219,7 @@ impl<T> Ledger<T> {
         &self
             .slots
             .get(slot.0)
+            .filter(|h| h.live)
             .expect("ledger slot used after it was settled")
             .item
     }
@@ -222,36 +268,45 @@ impl<T> Ledger<T> {
         }
     }
 
-    /// No more ids will be recorded for `slot`. Returns the item at once if none are pending;
-    /// otherwise the item comes back from [`complete`](Self::complete).
+    /// No more ids will be recorded for `slot`. If none are pending, settles it at once: hands
+    /// the item to `settle` in its slot, frees the slot and returns `true`; otherwise the item
+    /// settles in [`complete_with`](Self::complete_with).
     #[inline]
-    pub fn seal(&mut self, slot: SlotId) -> Option<Settled<T>> {
+    pub fn seal_with(&mut self, slot: SlotId, settle: impl FnOnce(&mut T, Done)) -> bool {
         let held = self.held_mut(slot);
         held.sealed = true;
         if held.pending == 0 {
-            Some(self.take(slot.0))
+            self.settle(slot.0, settle);
+            true
         } else {
-            None
+            false
         }
     }
 
-    #[inline]
-    fn take(&mut self, i: usize) -> Settled<T> {
-        let held = self.slots.try_remove(i).expect("slot settled twice");
+    /// Hands the item in slot `i` to `settle` and frees the slot.
+    #[inline(always)]
+    fn settle(&mut self, i: usize, settle: impl FnOnce(&mut T, Done)) {
+        let held = &mut self.slots[i];
+        debug_assert!(held.live, "slot settled twice");
+        held.live = false;
+        settle(
+            &mut held.item,
+            Done {
+                ids: held.ids,
+                kernel_copied: held.copied,
+            },
+        );
+        self.free.push(i);
         self.held -= 1;
-        Settled {
-            item: held.item,
-            ids: held.ids,
-            kernel_copied: held.copied,
-        }
     }
 
-    /// Applies the completion `range`, appending items that became free to `out`. Returns how many
-    /// ids it completed. On error nothing changes.
-    pub fn complete(
+    /// Applies the completion `range`, handing each item it settles to `settle` in its slot, in id
+    /// order. Returns how many ids it completed. On error nothing changes.
+    #[inline]
+    pub fn complete_with(
         &mut self,
         range: ZcRange,
-        out: &mut Vec<Settled<T>>,
+        mut settle: impl FnMut(&mut T, Done),
     ) -> Result<u64, LedgerError> {
         let off = u64::from(range.lo.wrapping_sub(self.base));
         let count = range.count();
@@ -280,14 +335,12 @@ impl<T> Ledger<T> {
                 continue;
             };
             self.pending -= 1;
-            let held = self
-                .slots
-                .get_mut(slot)
-                .expect("window points at a free slot");
+            let held = &mut self.slots[slot];
+            debug_assert!(held.live, "window points at a free slot");
             held.pending -= 1;
             held.copied |= range.copied;
             if held.pending == 0 && held.sealed {
-                out.push(self.take(slot));
+                self.settle(slot, &mut settle);
             }
         }
         while self.window.front().is_some_and(|e| e.done) {
@@ -297,14 +350,56 @@ impl<T> Ledger<T> {
         Ok(count)
     }
 
-    /// Removes every item still held, whatever its ids, for a caller that will never return them
-    /// (it leaks them so the kernel may keep reading). Ids in flight are forgotten.
-    pub fn take_all(&mut self) -> Vec<T> {
+    /// Hands every item still held to `take`, whatever its ids, for a caller that will never
+    /// settle them (it leaks their buffers so the kernel may keep reading). Ids in flight are
+    /// forgotten.
+    pub fn take_all_with(&mut self, mut take: impl FnMut(&mut T)) {
         self.window.clear();
         self.held = 0;
         self.pending = 0;
         self.unowned = 0;
-        self.slots.drain().map(|h| h.item).collect()
+        self.free.clear();
+        for (i, held) in self.slots.iter_mut().enumerate() {
+            if held.live {
+                held.live = false;
+                take(&mut held.item);
+            }
+            self.free.push(i);
+        }
+    }
+}
+
+/// The by-value calls, for items that leave a settled slot empty (`Default`).
+impl<T: Default> Ledger<T> {
+    /// As [`seal_with`](Self::seal_with), returning the item if it settled.
+    pub fn seal(&mut self, slot: SlotId) -> Option<Settled<T>> {
+        let mut out = None;
+        self.seal_with(slot, |item, done| out = Some(settled(item, done)));
+        out
+    }
+
+    /// As [`complete_with`](Self::complete_with), appending the items it settles to `out`.
+    pub fn complete(
+        &mut self,
+        range: ZcRange,
+        out: &mut Vec<Settled<T>>,
+    ) -> Result<u64, LedgerError> {
+        self.complete_with(range, |item, done| out.push(settled(item, done)))
+    }
+
+    /// As [`take_all_with`](Self::take_all_with), returning the items.
+    pub fn take_all(&mut self) -> Vec<T> {
+        let mut out = Vec::new();
+        self.take_all_with(|item| out.push(std::mem::take(item)));
+        out
+    }
+}
+
+fn settled<T: Default>(item: &mut T, done: Done) -> Settled<T> {
+    Settled {
+        item: std::mem::take(item),
+        ids: done.ids,
+        kernel_copied: done.kernel_copied,
     }
 }
 
@@ -339,6 +434,71 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(l.held(), 0);
         assert_eq!(l.next_id(), 1);
+    }
+
+    #[test]
+    fn a_settled_slot_is_refilled_in_place_and_never_settles_twice() {
+        // The item is a Vec: its capacity shows whether the slot's old item was refilled.
+        let mut l: Ledger<Vec<u8>> = Ledger::new(5);
+        let mut news = 0;
+        let mut insert = |l: &mut Ledger<Vec<u8>>, byte: u8| {
+            l.insert_with(
+                byte,
+                |v, b| {
+                    assert!(v.is_empty(), "refilled a slot whose item was not settled");
+                    v.push(b);
+                },
+                |b| {
+                    news += 1;
+                    let mut v = Vec::with_capacity(64);
+                    v.push(b);
+                    v
+                },
+            )
+        };
+        let a = insert(&mut l, 1);
+        let b = insert(&mut l, 2);
+        l.record_id(a);
+        l.record_id(b);
+        assert!(!l.seal_with(a, |_, _| panic!("settled with an id in flight")));
+        // b settles at its seal once its id completed, without a list in between.
+        let mut seen = Vec::new();
+        let r6 = ZcRange {
+            lo: 6,
+            hi: 6,
+            copied: true,
+        };
+        l.complete_with(r6, |v, d| seen.push((v.clone(), d)))
+            .unwrap();
+        assert!(seen.is_empty(), "b is not sealed yet");
+        assert!(l.seal_with(b, |v, d| {
+            seen.push((v.clone(), d));
+            v.clear();
+        }));
+        let done = Done {
+            ids: 1,
+            kernel_copied: true,
+        };
+        assert_eq!(seen, vec![(vec![2], done)]);
+        // The next insert takes b's slot and refills its item in place.
+        let c = insert(&mut l, 3);
+        assert_eq!(c, b);
+        assert_eq!(l.item(c), &vec![3]);
+        assert!(
+            l.item(c).capacity() >= 64,
+            "the item was rebuilt, not refilled"
+        );
+        l.complete_with(r(5, 5), |v, _| v.clear()).unwrap();
+        let d = insert(&mut l, 4);
+        assert_eq!((d, l.held()), (a, 2));
+        assert_eq!(news, 2, "a new item only while no slot was free");
+        // Both live items come out at take_all, once; the slots stay reusable.
+        let mut taken = Vec::new();
+        l.take_all_with(|v| taken.push(std::mem::take(v)));
+        taken.sort();
+        assert_eq!(taken, vec![vec![3], vec![4]]);
+        assert_eq!(l.held(), 0);
+        l.take_all_with(|_| panic!("taken twice"));
     }
 
     #[test]

@@ -100,14 +100,6 @@ impl<B: SendBuf> Record<B> {
         self.bufs.push(buf);
     }
 
-    /// The buffer of a one-buffer record that sent nothing, handed back.
-    pub(crate) fn into_buf(self) -> B {
-        self.bufs
-            .into_iter()
-            .next()
-            .expect("a record holds a buffer")
-    }
-
     /// Sends the rest by copy for `reason` (the first reason given stays).
     pub(crate) fn copy_for(&mut self, reason: CopyReason) {
         self.copy.get_or_insert(reason);

@@ -57,7 +57,7 @@ use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
 use crate::engine::{Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
-use crate::ledger::{Ledger, Settled, SlotId};
+use crate::ledger::{Done, Ledger, SlotId};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
@@ -105,7 +105,6 @@ pub(crate) struct SendmsgEngine<B> {
     latency: LatencySampler,
     control: Vec<u8>,
     msgs: Vec<ErrQueueMsg>,
-    settled: Vec<Settled<Record<B>>>,
 }
 
 impl<B: SendBuf> SendmsgEngine<B> {
@@ -146,7 +145,6 @@ impl<B: SendBuf> SendmsgEngine<B> {
             latency: LatencySampler::default(),
             control: vec![0; CONTROL_LEN],
             msgs: Vec::new(),
-            settled: Vec::new(),
         }
     }
 
@@ -310,7 +308,14 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     ErrQueueMsg::Zerocopy(range) => {
                         self.stats.completions += 1;
                         let owned_before = self.ledger.ids_in_flight();
-                        match self.ledger.complete(range, &mut self.settled) {
+                        let mut release = Release {
+                            zerocopy: self.zerocopy,
+                            auto: &mut self.auto,
+                            zc_bytes: &mut self.zc_bytes,
+                            stats: &mut self.stats,
+                        };
+                        let settle = |rec: &mut Record<B>, done| release.settle(rec, done, out);
+                        match self.ledger.complete_with(range, settle) {
                             Ok(n) => {
                                 self.stats.zerocopy_ids_completed += n;
                                 ids += (owned_before - self.ledger.ids_in_flight()) as u64;
@@ -322,11 +327,6 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 }
             }
         }
-        let mut settled = std::mem::take(&mut self.settled);
-        for s in settled.drain(..) {
-            self.release(s, out);
-        }
-        self.settled = settled;
         if ids > 0 && self.waiting == Wait::Completions {
             // What the blocked send waited for came: it may go as soon as there is room.
             self.waiting = Wait::Writable;
@@ -334,40 +334,33 @@ impl<B: SendBuf> SendmsgEngine<B> {
         ids
     }
 
-    fn release(&mut self, s: Settled<Record<B>>, out: &mut Vec<Released<B>>) {
-        let mut rec = s.item;
-        rec.kernel_copied |= s.kernel_copied;
-        self.settle_auto(&rec);
-        rec.release(self.zerocopy, &mut self.stats, out);
-    }
-
-    /// Tells `auto` how a record it sent zero-copy went, and takes it off the load.
-    fn settle_auto(&mut self, rec: &Record<B>) {
-        if let Some(auto) = &mut self.auto {
-            self.zc_bytes -= rec.charge;
-            if let Some((copied, probe)) = rec.outcome() {
-                auto.observe(copied, probe, 1);
-            }
-        }
-    }
-
     /// No more sends for `slot`: release it now if no id is pending.
     fn seal(&mut self, slot: SlotId, out: &mut Vec<Released<B>>) {
-        if let Some(s) = self.ledger.seal(slot) {
-            self.release(s, out);
-        }
+        let mut release = Release {
+            zerocopy: self.zerocopy,
+            auto: &mut self.auto,
+            zc_bytes: &mut self.zc_bytes,
+            stats: &mut self.stats,
+        };
+        self.ledger
+            .seal_with(slot, |rec, done| release.settle(rec, done, out));
     }
 
     /// Gives back a buffer that took no id and no byte; `None` if the kernel holds part of it.
     fn abandon(&mut self, slot: SlotId) -> Option<B> {
-        let rec = self.ledger.seal(slot)?.item;
-        if let Some(auto) = &mut self.auto {
-            self.zc_bytes -= rec.charge;
-            if rec.probe {
-                auto.probe_lost();
+        let mut buf = None;
+        let (auto, zc_bytes) = (&mut self.auto, &mut self.zc_bytes);
+        self.ledger.seal_with(slot, |rec, _| {
+            if let Some(auto) = auto {
+                *zc_bytes -= rec.charge;
+                if rec.probe {
+                    auto.probe_lost();
+                }
             }
-        }
-        Some(rec.into_buf())
+            rec.dest = None;
+            buf = rec.bufs.pop();
+        });
+        buf
     }
 
     /// Ends `slot` with `error` after part of it went out. On a stream that part is on the wire
@@ -500,14 +493,20 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                 Choice::ZeroCopy { probe: p } => probe = p,
             }
         }
-        let mut rec = Record::new(buf, dest, self.latency.next());
+        // Built in a free slot of the ledger, where the last settled record is.
+        let started = self.latency.next();
+        let slot = self.ledger.insert_with(
+            (buf, dest, started),
+            |rec, (buf, dest, started)| rec.refill(buf, dest.map(Box::new), started),
+            |(buf, dest, started)| Record::new(buf, dest, started),
+        );
         if self.auto.is_some() {
+            let rec = self.ledger.item_mut(slot);
             rec.auto_zc = true;
             rec.probe = probe;
             rec.charge = rec.total;
             self.zc_bytes += rec.total;
         }
-        let slot = self.ledger.insert(rec);
         let result = self.write(sock, slot, out);
         let sent = self.ledger.item(slot).sent;
         match result {
@@ -613,11 +612,38 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         }
         // The kernel may still read them: leak them, never free them.
         let mut kept = 0;
-        for buf in self.ledger.take_all().into_iter().flat_map(|r| r.bufs) {
-            std::mem::forget(buf);
-            kept += 1;
-        }
+        self.ledger.take_all_with(|rec| {
+            for buf in rec.bufs.drain(..) {
+                std::mem::forget(buf);
+                kept += 1;
+            }
+        });
         kept
+    }
+}
+
+/// The engine's parts a settled record's release touches, borrowed apart from the ledger so that
+/// the ledger can hand each record over the moment its last id completes.
+struct Release<'a> {
+    zerocopy: bool,
+    auto: &'a mut Option<AutoPolicy>,
+    zc_bytes: &'a mut usize,
+    stats: &'a mut Stats,
+}
+
+impl Release<'_> {
+    /// Gives the record's buffers back; tells `auto` how a record it sent zero-copy went, and
+    /// takes it off the load.
+    #[inline(always)]
+    fn settle<B: SendBuf>(&mut self, rec: &mut Record<B>, done: Done, out: &mut Vec<Released<B>>) {
+        rec.kernel_copied |= done.kernel_copied;
+        if let Some(auto) = self.auto {
+            *self.zc_bytes -= rec.charge;
+            if let Some((copied, probe)) = rec.outcome() {
+                auto.observe(copied, probe, 1);
+            }
+        }
+        rec.release_in_place(self.zerocopy, self.stats, out);
     }
 }
 
