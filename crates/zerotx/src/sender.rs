@@ -15,11 +15,15 @@ use crate::buf::BufPool;
 use crate::buf::SendBuf;
 use crate::engine::sendmsg::SendmsgEngine;
 use crate::engine::uring::UringEngine;
-use crate::engine::{AtCap, Engine, EngineKind, UringConfig, UringShared};
+use crate::engine::{AtCap, Engine, EngineKind, UringConfig, UringShared, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
 use crate::report::{Explanation, Readiness, Released, Stats};
 use crate::socket::{SockKind, SockType, Socket};
 use crate::sys;
+
+/// [`SendError::Invalid`]'s reason for a send without a destination on an unconnected socket.
+const NOT_CONNECTED: &str = "the datagram socket is not connected: give a destination \
+                             (try_send_to/send_to) or connect it first";
 
 static LEAKED: AtomicU64 = AtomicU64::new(0);
 
@@ -440,7 +444,7 @@ impl<B: SendBuf> Sender<B> {
         if buf.as_bytes().is_empty() {
             return Err(SendError::Invalid {
                 buf,
-                reason: "zero-length buffer: there is nothing to send",
+                reason: EMPTY_BUFFER,
             });
         }
         let stream = matches!(sock.kind.ty, SockType::Stream | SockType::Seqpacket);
@@ -453,8 +457,7 @@ impl<B: SendBuf> Sender<B> {
         if dest.is_none() && !sock.connected {
             return Err(SendError::Invalid {
                 buf,
-                reason: "the datagram socket is not connected: give a destination \
-                         (try_send_to/send_to) or connect it first",
+                reason: NOT_CONNECTED,
             });
         }
         let sock = self.sock.as_ref().expect("socket present until close");
@@ -584,10 +587,17 @@ impl<B: SendBuf> Sender<B> {
     /// `bufs`, and the ones before it were accepted. Connected sockets only (as `send`).
     pub fn send_batch(&mut self, bufs: &mut VecDeque<B>) -> Result<(), SendError<B>> {
         let batch = Batch::open(self);
-        while let Some(buf) = bufs.pop_front() {
-            batch.0.send_blocking(buf, None, None)?;
+        loop {
+            batch.0.offer_batch(bufs)?;
+            if bufs.is_empty() {
+                return Ok(());
+            }
+            // The front one was handed back: wait for what it waits for, as `send` does.
+            if let Err(error) = batch.0.wait(None, true) {
+                let buf = bufs.pop_front().expect("the handed-back buffer");
+                return Err(SendError::Io { buf, error });
+            }
         }
-        Ok(())
     }
 
     /// As [`send_batch`](Self::send_batch) without blocking, for an event loop: sends from the
@@ -597,19 +607,28 @@ impl<B: SendBuf> Sender<B> {
     /// comes back in the error, the ones after it stay in `bufs`, and the ones before it were
     /// accepted.
     pub fn try_send_batch(&mut self, bufs: &mut VecDeque<B>) -> Result<usize, SendError<B>> {
-        let batch = Batch::open(self);
-        let mut accepted = 0;
-        while let Some(buf) = bufs.pop_front() {
-            match batch.0.submit(buf, None) {
-                Ok(()) => accepted += 1,
-                Err(SendError::WouldBlock(buf)) => {
-                    bufs.push_front(buf);
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
+        Batch::open(self).0.offer_batch(bufs)
+    }
+
+    /// What [`submit`](Self::submit) does for each buffer, for the front of `bufs` in one call to
+    /// the engine: sends until one is handed back (back at the front) or fails.
+    fn offer_batch(&mut self, bufs: &mut VecDeque<B>) -> Result<usize, SendError<B>> {
+        let Some(sock) = self.sock.as_ref() else {
+            unreachable!("socket present until close");
+        };
+        if bufs.is_empty() {
+            return Ok(0);
         }
-        Ok(accepted)
+        if !sock.connected {
+            let buf = bufs.pop_front().expect("not empty");
+            return Err(SendError::Invalid {
+                buf,
+                reason: NOT_CONNECTED,
+            });
+        }
+        let result = self.engine.try_send_batch(sock, bufs, &mut self.ready);
+        self.handed_back = result.is_ok() && !bufs.is_empty();
+        result
     }
 
     #[inline]

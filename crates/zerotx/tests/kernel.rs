@@ -143,6 +143,18 @@ fn unconnected_udp_takes_a_destination_per_send() {
                 "unexpected error: {err}"
             );
             assert_eq!(err.into_inner(), vec![1; 100], "buffer handed back");
+            // The batch calls refuse the front buffer alike and keep the rest.
+            for blocking in [false, true] {
+                let mut batch: VecDeque<Vec<u8>> = [vec![7; 10], vec![8; 20]].into();
+                let err = if blocking {
+                    tx.send_batch(&mut batch).unwrap_err()
+                } else {
+                    tx.try_send_batch(&mut batch).unwrap_err()
+                };
+                assert!(err.to_string().contains("not connected"), "{kind}: {err}");
+                assert_eq!(err.into_inner(), vec![7; 10], "{kind}: front handed back");
+                assert_eq!(batch, VecDeque::from([vec![8u8; 20]]), "{kind}");
+            }
             for _ in 0..50 {
                 tx.send_to(vec![2; 30000], bh.v4).unwrap();
             }

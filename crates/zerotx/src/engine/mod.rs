@@ -26,6 +26,7 @@ pub use policy::auto::AtCap;
 pub use shared::UringShared;
 pub use uring::UringConfig;
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::str::FromStr;
@@ -110,6 +111,9 @@ impl FromStr for EngineKind {
     }
 }
 
+/// [`SendError::Invalid`]'s reason for a buffer of no bytes.
+pub(crate) const EMPTY_BUFFER: &str = "zero-length buffer: there is nothing to send";
+
 /// One way of sending. The sender validates input and owns the socket; the engine owns every
 /// buffer it accepted until it appends it, released, to `out`: the sender's one queue of released
 /// buffers. Every engine keeps its sends as [`record::Record`]s and releases them through
@@ -123,6 +127,37 @@ pub(crate) trait Engine<B: SendBuf>: Send {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>>;
+
+    /// Sends from the front of `bufs` on the connected socket until one is handed back (it goes
+    /// back to the front) or fails (the ones after it stay); returns how many it accepted. One
+    /// call per batch rather than one dynamic call per buffer: in here each engine's own
+    /// `try_send` is called directly, and inlines.
+    #[inline]
+    fn try_send_batch(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        let mut accepted = 0;
+        while let Some(buf) = bufs.pop_front() {
+            if buf.as_bytes().is_empty() {
+                return Err(SendError::Invalid {
+                    buf,
+                    reason: EMPTY_BUFFER,
+                });
+            }
+            match self.try_send(sock, buf, None, out) {
+                Ok(()) => accepted += 1,
+                Err(SendError::WouldBlock(buf)) => {
+                    bufs.push_front(buf);
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(accepted)
+    }
 
     /// Without blocking: pushes queued bytes, reads completions, appends released buffers.
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()>;
