@@ -109,8 +109,8 @@ struct Held<T> {
 ///
 /// The slots are a slab written here rather than taken from the `slab` crate: an item is built in
 /// its slot ([`insert_with`](Self::insert_with)) and settled there
-/// ([`complete_with`](Self::complete_with)), so a send record is never moved between the
-/// caller, the ledger and a list of settled items. Each such move of a freshly written record
+/// ([`complete_with`](Self::complete_with)), so a zero-copy send's record is not moved between
+/// the caller, the ledger and a list of settled items. Each such move of a freshly written record
 /// stalled on store forwarding and showed in the profile of every zero-copy send.
 #[derive(Debug)]
 pub struct Ledger<T> {
@@ -176,21 +176,26 @@ impl<T> Ledger<T> {
         refill: impl FnOnce(&mut T, A),
         new: impl FnOnce(A) -> T,
     ) -> SlotId {
-        self.held += 1;
-        let Some(i) = self.free.pop() else {
+        // The item is built before the ledger counts it or takes the slot off the free list: a
+        // panic in the caller's buffer (`as_bytes`) leaves the ledger as it was.
+        let Some(&i) = self.free.last() else {
+            let item = new(args);
             self.slots.push(Held {
-                item: new(args),
+                item,
                 live: true,
                 ids: 0,
                 pending: 0,
                 sealed: false,
                 copied: false,
             });
+            self.held += 1;
             return SlotId(self.slots.len() - 1);
         };
         let held = &mut self.slots[i];
-        debug_assert!(!held.live, "a free slot is live");
+        assert!(!held.live, "free slot {i} is live");
         refill(&mut held.item, args);
+        self.free.pop();
+        self.held += 1;
         held.live = true;
         held.ids = 0;
         held.pending = 0;
@@ -286,8 +291,12 @@ impl<T> Ledger<T> {
     /// Hands the item in slot `i` to `settle` and frees the slot.
     #[inline(always)]
     fn settle(&mut self, i: usize, settle: impl FnOnce(&mut T, Done)) {
+        // Counted out before the caller's `settle` runs, which may panic (a buffer's `as_bytes`):
+        // the ledger stays consistent either way.
+        self.free.push(i);
+        self.held -= 1;
         let held = &mut self.slots[i];
-        debug_assert!(held.live, "slot settled twice");
+        assert!(held.live, "slot {i} settled twice");
         held.live = false;
         settle(
             &mut held.item,
@@ -296,8 +305,6 @@ impl<T> Ledger<T> {
                 kernel_copied: held.copied,
             },
         );
-        self.free.push(i);
-        self.held -= 1;
     }
 
     /// Applies the completion `range`, handing each item it settles to `settle` in its slot, in id
@@ -336,10 +343,12 @@ impl<T> Ledger<T> {
             };
             self.pending -= 1;
             let held = &mut self.slots[slot];
-            debug_assert!(held.live, "window points at a free slot");
+            assert!(held.live, "id {} points at free slot {slot}", range.lo);
             held.pending -= 1;
             held.copied |= range.copied;
             if held.pending == 0 && held.sealed {
+                // If the caller's `settle` panics (a buffer's `as_bytes`), the ids after this
+                // one stay in flight: their items are never settled early, only kept.
                 self.settle(slot, &mut settle);
             }
         }
@@ -499,6 +508,39 @@ mod tests {
         assert_eq!(taken, vec![vec![3], vec![4]]);
         assert_eq!(l.held(), 0);
         l.take_all_with(|_| panic!("taken twice"));
+    }
+
+    #[test]
+    fn a_settle_that_panics_leaves_the_ledger_consistent() {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        let mut l = Ledger::new(0);
+        let a = l.insert(1u32);
+        let b = l.insert(2u32);
+        l.record_id(a);
+        l.record_id(b);
+        assert!(l.seal(a).is_none() && l.seal(b).is_none());
+        // The caller's release panics on a (a buffer whose `as_bytes` panics).
+        let res = catch_unwind(AssertUnwindSafe(|| {
+            l.complete_with(r(0, 1), |v, _| assert_ne!(*v, 1, "a panicking release"))
+        }));
+        assert!(res.is_err());
+        assert_eq!(l.held(), 1, "a counted out, b still held");
+        assert_eq!(
+            l.ids_in_flight(),
+            1,
+            "b's id stays in flight, never released early"
+        );
+        // The ledger goes on: the next item takes a's slot and settles normally.
+        let c = l.insert(3);
+        assert_eq!(c, a);
+        assert_eq!(l.record_id(c), 2);
+        assert!(l.seal(c).is_none());
+        let mut out = Vec::new();
+        assert_eq!(l.complete(r(2, 2), &mut out), Ok(1));
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].item, 3);
+        assert_eq!(l.take_all(), vec![2], "b is kept at shutdown");
+        assert_eq!(l.held(), 0);
     }
 
     #[test]

@@ -114,7 +114,8 @@ impl FromStr for EngineKind {
 /// [`SendError::Invalid`]'s reason for a buffer of no bytes.
 pub(crate) const EMPTY_BUFFER: &str = "zero-length buffer: there is nothing to send";
 
-/// One way of sending. The sender validates input and owns the socket; the engine owns every
+/// One way of sending. The sender validates input (and [`Engine::try_send_batch`] each buffer's
+/// length, the one check a batch needs per buffer) and owns the socket; the engine owns every
 /// buffer it accepted until it appends it, released, to `out`: the sender's one queue of released
 /// buffers. Every engine keeps its sends as [`record::Record`]s and releases them through
 /// [`record::Record::release`]; every decision on how a buffer goes is asked of [`policy`].
