@@ -613,9 +613,7 @@ impl<B: SendBuf> Sender<B> {
     /// What [`submit`](Self::submit) does for each buffer, for the front of `bufs` in one call to
     /// the engine: sends until one is handed back (back at the front) or fails.
     fn offer_batch(&mut self, bufs: &mut VecDeque<B>) -> Result<usize, SendError<B>> {
-        let Some(sock) = self.sock.as_ref() else {
-            unreachable!("socket present until close");
-        };
+        let sock = self.sock.as_ref().expect("socket present until close");
         if bufs.is_empty() {
             return Ok(0);
         }
