@@ -114,6 +114,34 @@ impl FromStr for EngineKind {
 /// [`SendError::Invalid`]'s reason for a buffer of no bytes.
 pub(crate) const EMPTY_BUFFER: &str = "zero-length buffer: there is nothing to send";
 
+/// The loop of [`Engine::try_send_batch`]: hands `send` each buffer from the front of `bufs`
+/// (refusing an empty one, the one check a batch needs per buffer) until one is handed back (it
+/// goes back to the front) or fails; returns how many it accepted.
+#[inline(always)]
+pub(crate) fn send_each<B: SendBuf>(
+    bufs: &mut VecDeque<B>,
+    mut send: impl FnMut(B) -> Result<(), SendError<B>>,
+) -> Result<usize, SendError<B>> {
+    let mut accepted = 0;
+    while let Some(buf) = bufs.pop_front() {
+        if buf.as_bytes().is_empty() {
+            return Err(SendError::Invalid {
+                buf,
+                reason: EMPTY_BUFFER,
+            });
+        }
+        match send(buf) {
+            Ok(()) => accepted += 1,
+            Err(SendError::WouldBlock(buf)) => {
+                bufs.push_front(buf);
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(accepted)
+}
+
 /// One way of sending. The sender validates input (and [`Engine::try_send_batch`] each buffer's
 /// length, the one check a batch needs per buffer) and owns the socket; the engine owns every
 /// buffer it accepted until it appends it, released, to `out`: the sender's one queue of released
@@ -132,7 +160,8 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// Sends from the front of `bufs` on the connected socket until one is handed back (it goes
     /// back to the front) or fails (the ones after it stay); returns how many it accepted. One
     /// call per batch rather than one dynamic call per buffer: in here each engine's own
-    /// `try_send` is called directly, and inlines.
+    /// `try_send` is called directly, and inlines (an engine whose `try_send` is too large for
+    /// the compiler to inline overrides this with [`send_each`] around its inlined body).
     #[inline]
     fn try_send_batch(
         &mut self,
@@ -140,24 +169,7 @@ pub(crate) trait Engine<B: SendBuf>: Send {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        let mut accepted = 0;
-        while let Some(buf) = bufs.pop_front() {
-            if buf.as_bytes().is_empty() {
-                return Err(SendError::Invalid {
-                    buf,
-                    reason: EMPTY_BUFFER,
-                });
-            }
-            match self.try_send(sock, buf, None, out) {
-                Ok(()) => accepted += 1,
-                Err(SendError::WouldBlock(buf)) => {
-                    bufs.push_front(buf);
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(accepted)
+        send_each(bufs, |buf| self.try_send(sock, buf, None, out))
     }
 
     /// Without blocking: pushes queued bytes, reads completions, appends released buffers.

@@ -146,6 +146,15 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// `SIGPIPE`. Preferred to `sendmsg(2)` for one buffer: the kernel imports one user buffer
 /// (`ITER_UBUF`) instead of copying a `msghdr` and an iovec array, which a raw loop does not pay
 /// either.
+///
+/// Entered through rustix's raw system call (an inline `syscall` instruction, inlined into the
+/// engine's send loop), not glibc's `sendto`. On the AMD EPYC VMs this was measured on (SRSO
+/// mitigation "Safe RET", retpolines, RSB filling), a function return into a frame older than
+/// the system call is very costly: a 1400-byte UDP `sendto` loop took 0.5-0.8 us more per call
+/// through a wrapper than inline (`benches/syscall-return.c`), and `MSG_ZEROCOPY` sends at
+/// 65000 B went 15-18% faster once no such return followed them
+/// (benches/compare-raw-results.md). glibc's wrapper is also a cancellation point, which a
+/// non-blocking send has no use for.
 #[inline(always)]
 pub fn send_to(
     fd: BorrowedFd<'_>,
@@ -153,22 +162,33 @@ pub fn send_to(
     dest: Option<&SockAddr>,
     extra_flags: libc::c_int,
 ) -> io::Result<usize> {
-    let (addr, len) = match dest {
-        Some(a) => (a.as_ptr().cast::<libc::sockaddr>(), a.len()),
-        None => (std::ptr::null(), 0),
-    };
-    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | extra_flags;
+    let flags = rustix::net::SendFlags::from_bits_retain(
+        (libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | extra_flags) as u32,
+    );
     retry(|| {
-        let n = syscall!(sendto(
-            fd.as_raw_fd(),
-            buf.as_ptr().cast(),
-            buf.len(),
-            flags,
-            addr,
-            len
-        ))?;
-        Ok(n as usize)
+        match dest {
+            None => rustix::net::send(fd, buf, flags),
+            Some(a) => rustix::net::sendto(fd, buf, flags, &Dest(a)),
+        }
+        .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
     })
+}
+
+/// A socket2 address as rustix takes one.
+struct Dest<'a>(&'a SockAddr);
+
+// SAFETY: the pointer and length are socket2's own for a live `SockAddr` (a `sockaddr_storage`
+// and the length of the address in it), valid for the closure's call: `self` borrows it.
+unsafe impl rustix::net::addr::SocketAddrArg for Dest<'_> {
+    unsafe fn with_sockaddr<R>(
+        &self,
+        f: impl FnOnce(
+            *const rustix::net::addr::SocketAddrOpaque,
+            rustix::net::addr::SocketAddrLen,
+        ) -> R,
+    ) -> R {
+        f(self.0.as_ptr().cast(), self.0.len())
+    }
 }
 
 /// The `msghdr` of a send: the iovecs `iov` and, for an unconnected datagram socket, the

@@ -1,0 +1,104 @@
+/*
+ * What a function return right after a system call costs on this machine.
+ *
+ * The same 1400-byte UDP sendto (to 127.0.0.1:9, where nothing listens: the whole IP path and an
+ * ICMP reply, no receiver to drain) entered five ways:
+ *   inline        the `syscall` instruction in the loop itself (what zerotx's send loop does,
+ *                 through rustix);
+ *   1 ret         in a function that returns to the loop (what glibc's sendto does);
+ *   call+ret,ret  the same, after a call and return of its own once the kernel came back;
+ *   32 call+ret   the same with 32 such pairs first;
+ *   inline+call   inline, then a call and return made after the system call.
+ *
+ * On the AMD EPYC VMs this project runs on (SRSO "Safe RET", retpolines, RSB filling), any return
+ * into a frame that was live before the system call costs 0.5-0.8 us more per call, however many
+ * returns matched by calls come before it; returns of calls made after the system call cost
+ * nothing. See benches/compare-raw-results.md.
+ *
+ *   cc -O2 -o target/syscall-return benches/syscall-return.c && target/syscall-return
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <time.h>
+
+static inline long sys6(long n, long a, long b, long c, long d, long e, long f)
+{
+	long r;
+	register long r10 __asm__("r10") = d;
+	register long r8 __asm__("r8") = e;
+	register long r9 __asm__("r9") = f;
+	__asm__ volatile("syscall"
+			 : "=a"(r)
+			 : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+			 : "rcx", "r11", "memory");
+	return r;
+}
+
+__attribute__((noinline)) void nothing(void) { __asm__ volatile(""); }
+
+#define SEND(fd, buf, len, a) sys6(SYS_sendto, fd, (long)(buf), len, 0, (long)(a), sizeof *(a))
+
+__attribute__((noinline)) long one_ret(long fd, char *buf, long len, struct sockaddr_in *a)
+{
+	return SEND(fd, buf, len, a);
+}
+
+__attribute__((noinline)) long call_ret(long fd, char *buf, long len, struct sockaddr_in *a)
+{
+	long r = SEND(fd, buf, len, a);
+	nothing();
+	return r;
+}
+
+__attribute__((noinline)) long call_ret32(long fd, char *buf, long len, struct sockaddr_in *a)
+{
+	long r = SEND(fd, buf, len, a);
+	for (int i = 0; i < 32; i++)
+		nothing();
+	return r;
+}
+
+static double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+int main(void)
+{
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(9)};
+	inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+	static char buf[1400];
+	const long n = 300000;
+	volatile long s = 0;
+	for (int round = 0; round < 3; round++) {
+		double t0 = now();
+		for (long i = 0; i < n; i++)
+			s += SEND(fd, buf, sizeof buf, &a);
+		double t1 = now();
+		for (long i = 0; i < n; i++)
+			s += one_ret(fd, buf, sizeof buf, &a);
+		double t2 = now();
+		for (long i = 0; i < n; i++)
+			s += call_ret(fd, buf, sizeof buf, &a);
+		double t3 = now();
+		for (long i = 0; i < n; i++)
+			s += call_ret32(fd, buf, sizeof buf, &a);
+		double t4 = now();
+		for (long i = 0; i < n; i++) {
+			s += SEND(fd, buf, sizeof buf, &a);
+			nothing();
+		}
+		double t5 = now();
+		printf("ns per sendto: inline %.0f, 1 ret %.0f, call+ret,ret %.0f, 32 call+ret,ret %.0f, "
+		       "inline+call %.0f\n",
+		       (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9, (t3 - t2) / n * 1e9,
+		       (t4 - t3) / n * 1e9, (t5 - t4) / n * 1e9);
+	}
+	return 0;
+}
