@@ -6,12 +6,12 @@
 //! error queue.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use anyhow::Context;
 use zerotx::BufPool;
 
-use super::BufRing;
+use super::{send_bytes, BufRing};
 use crate::bench::runner::{Counters, Driver, Latencies};
 
 /// A plain `send` loop.
@@ -40,22 +40,13 @@ impl Driver for RawCopy {
         let mut off = 0;
         while off < len {
             // SAFETY: p..p+len lies in a block this ring holds for the run; send only reads it.
-            let n = unsafe {
-                libc::send(
-                    self.fd.as_raw_fd(),
-                    p.add(off).cast(),
-                    len - off,
-                    libc::MSG_NOSIGNAL,
-                )
+            let n = match unsafe { send_bytes(&self.fd, p.add(off), len - off, libc::MSG_NOSIGNAL) }
+            {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e).context("send(2)"),
             };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e).context("send(2)");
-            }
-            off += n as usize;
+            off += n;
         }
         self.ring.commit();
         self.ring.release(lat);

@@ -9,7 +9,10 @@
 //! - a buffer is reused only after the kernel released it (its completion id, or its
 //!   notification CQE, came back);
 //! - the same timed loop ([`measure`](super::runner::measure)), reaping every
-//!   [`REAP_EVERY`](super::runner::REAP_EVERY) sends and waiting only when no buffer is free.
+//!   [`REAP_EVERY`](super::runner::REAP_EVERY) sends and waiting only when no buffer is free;
+//! - the same entry into the kernel for a send: an inline `syscall` ([`send_bytes`]), as zerotx's
+//!   engines make it, not glibc's wrapper (on the machines this was measured on the wrapper's
+//!   return alone costs 15-18% of a send; see [`send_bytes`]).
 //!
 //! What they leave out is what the library adds: per-send bookkeeping of owned buffers, id rules
 //! per protocol, path-MTU checks, a generic engine trait, error recovery. Where they differ from
@@ -41,6 +44,29 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(ret)
     }
+}
+
+/// `send(2)` of `len` bytes at `p`, entered as the library enters it: an inline `syscall`
+/// instruction (rustix), not glibc's wrapper. On the machines this was measured on (AMD EPYC
+/// VMs with the SRSO "Safe RET" mitigation) a function return into a frame older than the
+/// system call is costly (benches/syscall-return.c): the same loop through glibc's `send` made
+/// 15-18% fewer `MSG_ZEROCOPY` sends per second at 65000 B (benches/compare-raw-results.md).
+/// The baselines enter the kernel the way zerotx does, so the comparison measures the library's
+/// own work, not this. (`recvmsg(MSG_ERRQUEUE)`, once per reap, goes through glibc in both.)
+///
+/// # Safety
+/// `p..p + len` must be readable for the call.
+#[inline(always)]
+unsafe fn send_bytes(
+    fd: &OwnedFd,
+    p: *const u8,
+    len: usize,
+    flags: libc::c_int,
+) -> io::Result<usize> {
+    // SAFETY: the caller's promise.
+    let bytes = unsafe { std::slice::from_raw_parts(p, len) };
+    let flags = rustix::net::SendFlags::from_bits_retain(flags as u32);
+    rustix::net::send(fd, bytes, flags).map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
 }
 
 /// `getsockopt(fd, level, name)` of an int option.

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use zerotx::BufPool;
 
-use super::{poll_one, set_sockopt, sock_type, sockopt, BufRing};
+use super::{poll_one, send_bytes, set_sockopt, sock_type, sockopt, BufRing};
 use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
 
 const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
@@ -134,15 +134,16 @@ impl Driver for RawMsgZc {
         let mut off = 0;
         while off < len {
             // SAFETY: p..p+len lies in a block this ring holds until the kernel released it.
-            let n = unsafe { libc::send(self.fd.as_raw_fd(), p.add(off).cast(), len - off, flags) };
-            if n >= 0 {
-                if flags & libc::MSG_ZEROCOPY != 0 {
-                    self.ids.take();
+            let e = match unsafe { send_bytes(&self.fd, p.add(off), len - off, flags) } {
+                Ok(n) => {
+                    if flags & libc::MSG_ZEROCOPY != 0 {
+                        self.ids.take();
+                    }
+                    off = if self.stream { off + n } else { len };
+                    continue;
                 }
-                off = if self.stream { off + n as usize } else { len };
-                continue;
-            }
-            let e = io::Error::last_os_error();
+                Err(e) => e,
+            };
             match e.raw_os_error() {
                 Some(libc::EINTR) => {}
                 Some(libc::ENOBUFS) if flags & libc::MSG_ZEROCOPY != 0 => {
