@@ -75,6 +75,7 @@ impl<B: SendBuf> Record<B> {
     /// box from one send to the next instead of being built elsewhere and moved in.
     ///
     /// [`release_in_place`]: Self::release_in_place
+    #[inline]
     pub(crate) fn refill(&mut self, buf: B, dest: Option<Box<SockAddr>>, started: Option<Instant>) {
         debug_assert!(
             self.bufs.is_empty(),

@@ -746,12 +746,22 @@ impl PathMtu {
 
     /// Whether a datagram of `len` payload bytes leaves as one packet on the way to `dest` (the
     /// connected peer if `None`). Non-IP sockets do not fragment; an IP path whose MTU the kernel
-    /// would not tell goes by copy (the safe side).
-    #[inline]
+    /// would not tell goes by copy (the safe side). Inlined for a connected socket whose MTU is
+    /// known, the case of every send after the first.
+    #[inline(always)]
     fn fits(&mut self, sock: &Socket, len: usize, dest: Option<&SockAddr>) -> bool {
         if !self.ip {
             return true;
         }
+        if let (None, Some(mtu)) = (dest, self.connected) {
+            return policy::datagram_zerocopy(len, self.header, Some(mtu));
+        }
+        self.ask(sock, len, dest)
+    }
+
+    /// [`fits`](Self::fits), asking the kernel for the MTU it does not know yet.
+    #[inline(never)]
+    fn ask(&mut self, sock: &Socket, len: usize, dest: Option<&SockAddr>) -> bool {
         let mtu = match dest {
             None => {
                 if self.connected.is_none() {
