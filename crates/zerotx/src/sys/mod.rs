@@ -1,8 +1,10 @@
-//! The thin layer where every libc call lives.
+//! The thin layer where every system call lives.
 //!
 //! Nothing outside this module (and the buffer pool's allocation) says `unsafe`. Each function here
-//! names the syscall it stands on, turns `-1` into [`io::Error::last_os_error`] through one
-//! [`syscall!`] macro and retries `EINTR` in one place ([`retry`]).
+//! names the syscall it stands on and retries `EINTR` in one place ([`retry`]). Most go through
+//! libc, turning `-1` into [`io::Error::last_os_error`] through one [`syscall!`] macro; the
+//! per-send call ([`send_to`]) goes through rustix's inline system call instead, for the reason
+//! its docs give.
 #![allow(unsafe_code)]
 
 use std::io;
@@ -36,6 +38,8 @@ macro_rules! syscall {
 }
 
 /// Runs `f` again while it fails with `EINTR`: the one place that retries interrupted calls.
+/// Always inlined, so that a call it wraps stays in its caller's frame (see [`send_to`]).
+#[inline(always)]
 pub fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     loop {
         match f() {
@@ -147,14 +151,17 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// (`ITER_UBUF`) instead of copying a `msghdr` and an iovec array, which a raw loop does not pay
 /// either.
 ///
-/// Entered through rustix's raw system call (an inline `syscall` instruction, inlined into the
-/// engine's send loop), not glibc's `sendto`. On the AMD EPYC VMs this was measured on (SRSO
-/// mitigation "Safe RET", retpolines, RSB filling), a function return into a frame older than
-/// the system call is very costly: a 1400-byte UDP `sendto` loop took 0.5-0.8 us more per call
-/// through a wrapper than inline (`benches/syscall-return.c`), and `MSG_ZEROCOPY` sends at
-/// 65000 B went 15-18% faster once no such return followed them
-/// (benches/compare-raw-results.md). glibc's wrapper is also a cancellation point, which a
-/// non-blocking send has no use for.
+/// Entered through rustix's raw system call (an inline `syscall` instruction, inlined with
+/// [`retry`] into the engine's send loop), not glibc's `sendto`. On the AMD EPYC VMs this was
+/// measured on (SRSO mitigation "Safe RET", retpolines, RSB filling), a function return into a
+/// frame older than the system call is very costly: a 1400-byte UDP `sendto` took 0.5-0.8 us more
+/// per call when a function returned after it than when the loop made it inline
+/// (`benches/syscall-return.c`), and the bench's `MSG_ZEROCOPY` loop at 65000 B made 12-22% more
+/// sends per second inline than through glibc's `send` (benches/compare-raw-results.md). glibc's
+/// wrapper is also a cancellation point, which a non-blocking send has no use for.
+///
+/// So sends do not go through the `sendto` symbol: a library preloaded to intercept it (Onload,
+/// VMA, socket_wrapper) does not see them, and `pthread_cancel` does not act on them.
 #[inline(always)]
 pub fn send_to(
     fd: BorrowedFd<'_>,

@@ -11,8 +11,9 @@
 //! - the same timed loop ([`measure`](super::runner::measure)), reaping every
 //!   [`REAP_EVERY`](super::runner::REAP_EVERY) sends and waiting only when no buffer is free;
 //! - the same entry into the kernel for a send: an inline `syscall` ([`send_bytes`]), as zerotx's
-//!   engines make it, not glibc's wrapper (on the machines this was measured on the wrapper's
-//!   return alone costs 15-18% of a send; see [`send_bytes`]).
+//!   `copy` and `msg-zc` make it, not glibc's wrapper (on the machines this was measured on the
+//!   wrapper cost 11-18% of a `MSG_ZEROCOPY` send; see [`send_bytes`]). Both io_uring loops,
+//!   zerotx's and this one, enter through the `io-uring` crate (glibc's `syscall()`).
 //!
 //! What they leave out is what the library adds: per-send bookkeeping of owned buffers, id rules
 //! per protocol, path-MTU checks, a generic engine trait, error recovery. Where they differ from
@@ -50,12 +51,13 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
 /// instruction (rustix), not glibc's wrapper. On the machines this was measured on (AMD EPYC
 /// VMs with the SRSO "Safe RET" mitigation) a function return into a frame older than the
 /// system call is costly (benches/syscall-return.c): the same loop through glibc's `send` made
-/// 15-18% fewer `MSG_ZEROCOPY` sends per second at 65000 B (benches/compare-raw-results.md).
+/// 11-18% fewer `MSG_ZEROCOPY` sends per second at 65000 B (benches/compare-raw-results.md).
 /// The baselines enter the kernel the way zerotx does, so the comparison measures the library's
 /// own work, not this. (`recvmsg(MSG_ERRQUEUE)`, once per reap, goes through glibc in both.)
 ///
 /// # Safety
-/// `p..p + len` must be readable for the call.
+/// `p..p + len` must be initialised memory, readable and not written for the call (it is made a
+/// `&[u8]`).
 #[inline(always)]
 unsafe fn send_bytes(
     fd: &OwnedFd,
