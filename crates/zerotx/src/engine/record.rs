@@ -193,7 +193,7 @@ impl<B: SendBuf> Record<B> {
 
     /// A buffer the kernel took whole at once, given back without ever being a record (the copy
     /// engine's common case): as [`release`](Self::release) would give it.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn release_whole(
         buf: B,
         path: SendPath,
