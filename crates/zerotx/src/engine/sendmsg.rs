@@ -304,19 +304,17 @@ impl<B: SendBuf> SendmsgEngine<B> {
             if cmsg::decode(&self.control[..read.control_len], &mut self.msgs).is_err() {
                 self.stats.bad_completions += 1;
             }
-            for msg in self.msgs.drain(..) {
+            // Taken out while the ledger releases records (`ledger_and_release` borrows the
+            // engine), and put back with its capacity.
+            let mut msgs = std::mem::take(&mut self.msgs);
+            for msg in msgs.drain(..) {
                 match msg {
                     ErrQueueMsg::Zerocopy(range) => {
                         self.stats.completions += 1;
                         let owned_before = self.ledger.ids_in_flight();
-                        let mut release = Release {
-                            zerocopy: self.zerocopy,
-                            auto: &mut self.auto,
-                            zc_bytes: &mut self.zc_bytes,
-                            stats: &mut self.stats,
-                        };
+                        let (ledger, mut release) = self.ledger_and_release();
                         let settle = |rec: &mut Record<B>, done| release.settle(rec, done, out);
-                        match self.ledger.complete_with(range, settle) {
+                        match ledger.complete_with(range, settle) {
                             Ok(n) => {
                                 self.stats.zerocopy_ids_completed += n;
                                 ids += (owned_before - self.ledger.ids_in_flight()) as u64;
@@ -327,6 +325,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     ErrQueueMsg::Other { .. } => self.stats.skipped_messages += 1,
                 }
             }
+            self.msgs = msgs;
         }
         if ids > 0 && self.waiting == Wait::Completions {
             // What the blocked send waited for came: it may go as soon as there is room.
@@ -337,14 +336,21 @@ impl<B: SendBuf> SendmsgEngine<B> {
 
     /// No more sends for `slot`: release it now if no id is pending.
     fn seal(&mut self, slot: SlotId, out: &mut Vec<Released<B>>) {
-        let mut release = Release {
+        let (ledger, mut release) = self.ledger_and_release();
+        ledger.seal_with(slot, |rec, done| release.settle(rec, done, out));
+    }
+
+    /// The ledger, and apart from it the parts of the engine a settled record's release touches:
+    /// the ledger hands each record over the moment its last id completes.
+    #[inline(always)]
+    fn ledger_and_release(&mut self) -> (&mut Ledger<Record<B>>, Release<'_>) {
+        let release = Release {
             zerocopy: self.zerocopy,
             auto: &mut self.auto,
             zc_bytes: &mut self.zc_bytes,
             stats: &mut self.stats,
         };
-        self.ledger
-            .seal_with(slot, |rec, done| release.settle(rec, done, out));
+        (&mut self.ledger, release)
     }
 
     /// Gives back a buffer that took no id and no byte; `None` if the kernel holds part of it.
@@ -649,8 +655,8 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
     }
 }
 
-/// The engine's parts a settled record's release touches, borrowed apart from the ledger so that
-/// the ledger can hand each record over the moment its last id completes.
+/// The engine's parts a settled record's release touches, borrowed apart from the ledger
+/// ([`SendmsgEngine::ledger_and_release`]).
 struct Release<'a> {
     zerocopy: bool,
     auto: &'a mut Option<AutoPolicy>,
