@@ -207,6 +207,103 @@ fn a_file_crosses_a_namespace_pair_intact_over_v4_and_v6() {
     }
 }
 
+/// iperf3's `Retr` and `Cwnd`: over a link that drops one TCP segment in 20 (nftables, in the
+/// receiver's namespace), the retransmits show per interval and in the totals, and add up; the
+/// congestion window shows; UDP has neither.
+#[test]
+fn tcp_retransmits_and_the_window_show_like_iperf3s() {
+    if !require(is_root(), "network namespaces need root")
+        || !require(have("nft"), "nft is missing")
+    {
+        return;
+    }
+    let ns = Netns::pair();
+    // Not the SYN: a lost one would only add a second of connect time.
+    let rules = "table inet zerotx_loss {\n  chain in {\n    type filter hook input priority 0; \
+                 policy accept;\n    tcp flags & syn == 0 numgen random mod 20 == 0 drop\n  }\n}\n";
+    let mut nft = std::process::Command::new("ip");
+    nft.args(["netns", "exec", &ns.0[1], "nft", "-f", "-"]);
+    nft.stdin(std::process::Stdio::piped());
+    let mut child = nft.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success(), "nft refused the loss rule");
+    let dir = scratch("retr");
+    let (sink, port) = py_sink(&ns.exec(1), "10.77.0.2", &dir.join("out"), 1);
+    let o = send(
+        &ns.exec(0),
+        &[
+            &format!("10.77.0.2:{port}"),
+            "--bytes",
+            "24M",
+            "-i",
+            "0.1",
+            "--json",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&ok(&o).into_bytes()).unwrap();
+    sink.wait(T);
+    assert_eq!(v["end"]["sum_sent"]["bytes"], 24 << 20);
+    let total = v["end"]["sum_sent"]["retransmits"].as_u64().unwrap();
+    assert!(total > 0, "5% loss and no retransmit: {}", v["end"]);
+    let sender = &v["end"]["streams"][0]["sender"];
+    assert_eq!(sender["retransmits"].as_u64(), Some(total));
+    assert!(sender["max_snd_cwnd"].as_u64().unwrap() > 0, "{sender}");
+    assert!(sender["max_rtt"].as_u64().unwrap() >= sender["min_rtt"].as_u64().unwrap());
+    let intervals = v["intervals"].as_array().unwrap();
+    assert!(!intervals.is_empty());
+    let mut in_intervals = 0;
+    for i in intervals {
+        let s = &i["streams"][0];
+        assert!(s["snd_cwnd"].as_u64().unwrap() > 0, "{i}");
+        assert_eq!(s["retransmits"], i["sum"]["retransmits"], "{i}");
+        in_intervals += s["retransmits"].as_u64().unwrap();
+    }
+    // The intervals cover the run up to the last one's end; the totals, all of it.
+    assert!(
+        in_intervals <= total && in_intervals > 0,
+        "{in_intervals} of {total}"
+    );
+
+    // The text: the columns in the header, a count on the sender's total line.
+    let (sink, port) = py_sink(&ns.exec(1), "10.77.0.2", &dir.join("out2"), 1);
+    let text = ok(&send(
+        &ns.exec(0),
+        &[&format!("10.77.0.2:{port}"), "--bytes", "8M"],
+    ));
+    sink.wait(T);
+    assert!(
+        text.contains("Bitrate         Retr         Cwnd  Zero-copy"),
+        "{text}"
+    );
+    let sender_line = text.lines().find(|l| l.ends_with("sender")).unwrap();
+    let retr: u64 = sender_line
+        .split_whitespace()
+        .rev()
+        .nth(2)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retr > 0, "{sender_line}");
+
+    // UDP: no such columns.
+    let ns_bh = Netns::black_hole();
+    let o = send(
+        &ns_bh.exec(0),
+        &["--udp", "192.0.2.2:9", "--bytes", "4M", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&ok(&o).into_bytes()).unwrap();
+    assert!(
+        v["end"]["sum_sent"].get("retransmits").is_none(),
+        "{}",
+        v["end"]
+    );
+    let text = ok(&send(
+        &ns_bh.exec(0),
+        &["--udp", "192.0.2.2:9", "--bytes", "4M"],
+    ));
+    assert!(!text.contains("Retr"), "{text}");
+}
+
 #[test]
 fn zero_copy_engages_into_the_black_hole_and_the_json_says_so() {
     if !require(is_root(), "network namespaces need root") {

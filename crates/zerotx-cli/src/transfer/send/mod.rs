@@ -7,6 +7,7 @@
 mod output;
 mod plan;
 mod stream;
+mod tcp_info;
 
 use std::fs::File;
 use std::io::IsTerminal;

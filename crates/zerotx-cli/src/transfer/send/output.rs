@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use super::plan::{Conn, Plan, Source};
 use super::stream::{ByPath, Counters, End};
-use crate::transfer::{bitrate, fmt_bytes, host_port, http_date, interval_line, Proto};
+use super::tcp_info::TcpSample;
+use crate::transfer::{bitrate, fmt_bytes, host_port, http_date, interval_line, Endpoint, Proto};
 
 /// What the progress bar counts to.
 #[derive(Debug, Clone, Copy)]
@@ -61,13 +62,38 @@ pub fn tick(bar: &ProgressBar, goal: Goal, counters: &[Arc<Counters>], elapsed: 
 }
 
 const HEADER: &str = "[ ID] Interval           Transfer     Bitrate         Zero-copy";
+/// Over TCP, iperf3's retransmits and congestion window before the zero-copy share.
+const HEADER_TCP: &str =
+    "[ ID] Interval           Transfer     Bitrate         Retr         Cwnd  Zero-copy";
+
+/// One stream's counters at an interval's end.
+#[derive(Debug, Clone, Copy, Default)]
+struct Snap {
+    bytes: u64,
+    zerocopy: u64,
+    tcp: Option<TcpSample>,
+}
+
+/// The columns after the bitrate: over TCP the interval's retransmits and the window, then the
+/// zero-copy share.
+fn tail(retr_cwnd: Option<(u64, Option<u64>)>, zc: &str) -> String {
+    match retr_cwnd {
+        None => format!("  {zc}"),
+        Some((retr, cwnd)) => format!(
+            "  {retr:>4}  {:>11}  {zc}",
+            cwnd.map_or(String::new(), fmt_bytes)
+        ),
+    }
+}
 const RULE: &str = "- - - - - - - - - - - - - - - - - - - - - - - - -";
 
 /// The printer, and the JSON document in the making.
 pub struct Output {
     json: bool,
+    /// TCP over IP: `TCP_INFO` columns.
+    tcp: bool,
     ids: Vec<String>,
-    prev: Vec<(u64, u64)>,
+    prev: Vec<Snap>,
     prev_t: Duration,
     intervals: Vec<Value>,
     start: Value,
@@ -86,6 +112,7 @@ fn pct(part: u64, whole: u64) -> String {
 impl Output {
     /// Prints the connections (text) or keeps them for the document.
     pub fn new(plan: &Plan, conns: &[Conn]) -> Self {
+        let tcp = plan.proto == Proto::Tcp && matches!(plan.endpoints[0], Endpoint::Ip(_));
         let ids: Vec<String> = (0..conns.len()).map(|i| (5 + i).to_string()).collect();
         let (host, port) = match plan.endpoints[0] {
             crate::transfer::Endpoint::Ip(a) => (a.ip().to_string(), u64::from(a.port())),
@@ -106,7 +133,7 @@ impl Output {
             if let Some((path, via)) = &file {
                 println!("Sending {path} with {}", via_words(via));
             }
-            println!("{HEADER}");
+            println!("{}", if tcp { HEADER_TCP } else { HEADER });
         }
         let (secs, bytes) = match (&plan.source, plan.time) {
             (_, Some(t)) => (t.as_secs_f64(), 0),
@@ -149,7 +176,8 @@ impl Output {
         });
         Self {
             json: plan.json,
-            prev: vec![(0, 0); ids.len()],
+            tcp,
+            prev: vec![Snap::default(); ids.len()],
             ids,
             prev_t: Duration::ZERO,
             intervals: Vec::new(),
@@ -167,13 +195,12 @@ impl Output {
         now: Duration,
         bar: Option<&ProgressBar>,
     ) {
-        let cur: Vec<(u64, u64)> = counters
+        let cur: Vec<Snap> = counters
             .iter()
-            .map(|c| {
-                (
-                    c.bytes.load(Ordering::Relaxed),
-                    c.zerocopy.load(Ordering::Relaxed),
-                )
+            .map(|c| Snap {
+                bytes: c.bytes.load(Ordering::Relaxed),
+                zerocopy: c.zerocopy.load(Ordering::Relaxed),
+                tcp: c.tcp.load(),
             })
             .collect();
         self.emit(&cur, now, bar);
@@ -188,37 +215,56 @@ impl Output {
             .max()
             .unwrap_or_default();
         if t.saturating_sub(self.prev_t) >= Duration::from_millis(100) {
-            let cur: Vec<(u64, u64)> = ends
+            let cur: Vec<Snap> = ends
                 .iter()
-                .map(|e| (e.bytes, e.by_path.zerocopy + e.by_path.sendfile))
+                .map(|e| Snap {
+                    bytes: e.bytes,
+                    zerocopy: e.by_path.zerocopy + e.by_path.sendfile,
+                    tcp: e.tcp.as_ref().map(|t| t.summary().last),
+                })
                 .collect();
             self.emit(&cur, t, None);
         }
     }
 
-    fn emit(&mut self, cur: &[(u64, u64)], now: Duration, bar: Option<&ProgressBar>) {
+    fn emit(&mut self, cur: &[Snap], now: Duration, bar: Option<&ProgressBar>) {
         let from = self.prev_t;
         let secs = (now - from).as_secs_f64();
         let mut streams = Vec::new();
         let mut lines = Vec::new();
-        let (mut sum_b, mut sum_z) = (0, 0);
-        for (i, (&(b, z), &(pb, pz))) in cur.iter().zip(&self.prev).enumerate() {
-            let (db, dz) = (b.saturating_sub(pb), z.saturating_sub(pz));
+        let (mut sum_b, mut sum_z, mut sum_r) = (0, 0, 0);
+        for (i, (c, p)) in cur.iter().zip(&self.prev).enumerate() {
+            let db = c.bytes.saturating_sub(p.bytes);
+            let dz = c.zerocopy.saturating_sub(p.zerocopy);
+            // Retransmits in this interval; the window as last sampled.
+            let retr = c.tcp.map(|t| {
+                let before = p.tcp.map_or(0, |p| p.retransmits);
+                t.retransmits.saturating_sub(before)
+            });
             sum_b += db;
             sum_z += dz;
+            sum_r += retr.unwrap_or(0);
+            let cols = self.tcp.then(|| (retr.unwrap_or(0), c.tcp.map(|t| t.cwnd)));
             lines.push(interval_line(
                 &self.ids[i],
                 from,
                 now,
                 db,
-                &format!("  {}", pct(dz, db)),
+                &tail(cols, &pct(dz, db)),
             ));
-            streams.push(json!({
+            let mut doc = json!({
                 "socket": self.ids[i].parse::<u64>().unwrap_or(0),
                 "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
                 "bytes": db, "bits_per_second": bitrate(db, secs),
                 "omitted": false, "sender": true, "zerocopy_bytes": dz,
-            }));
+            });
+            if let (Some(t), Some(r)) = (c.tcp, retr) {
+                doc["retransmits"] = json!(r);
+                doc["snd_cwnd"] = json!(t.cwnd);
+                doc["rtt"] = json!(t.rtt_us);
+                doc["rttvar"] = json!(t.rttvar_us);
+            }
+            streams.push(doc);
         }
         if cur.len() > 1 {
             lines.push(interval_line(
@@ -226,17 +272,19 @@ impl Output {
                 from,
                 now,
                 sum_b,
-                &format!("  {}", pct(sum_z, sum_b)),
+                &tail(self.tcp.then_some((sum_r, None)), &pct(sum_z, sum_b)),
             ));
         }
-        self.intervals.push(json!({
-            "streams": streams,
-            "sum": {
-                "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
-                "bytes": sum_b, "bits_per_second": bitrate(sum_b, secs),
-                "omitted": false, "sender": true, "zerocopy_bytes": sum_z,
-            },
-        }));
+        let mut sum = json!({
+            "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
+            "bytes": sum_b, "bits_per_second": bitrate(sum_b, secs),
+            "omitted": false, "sender": true, "zerocopy_bytes": sum_z,
+        });
+        if self.tcp {
+            sum["retransmits"] = json!(sum_r);
+        }
+        self.intervals
+            .push(json!({ "streams": streams, "sum": sum }));
         if !self.json {
             let print = || lines.iter().for_each(|l| println!("{l}"));
             match bar {
@@ -258,21 +306,29 @@ impl Output {
     ) -> anyhow::Result<()> {
         let mut by_path = ByPath::default();
         let mut stream_docs = Vec::new();
-        let mut text = vec![RULE.to_string(), HEADER.to_string()];
+        let header = if self.tcp { HEADER_TCP } else { HEADER };
+        let mut text = vec![RULE.to_string(), header.to_string()];
         let (mut sum, mut sum_end, mut all_confirmed, mut sum_conf) =
             (0u64, Duration::ZERO, true, Duration::ZERO);
+        let mut sum_retr = 0;
         for (id, e) in self.ids.iter().zip(ends) {
             by_path.merge(&e.by_path);
             sum += e.bytes;
             let t = e.finished.saturating_duration_since(start);
             sum_end = sum_end.max(t);
             let zc = e.by_path.zerocopy + e.by_path.sendfile;
+            let tcp = e.tcp.as_ref().map(|t| t.summary());
+            let retr = tcp.map_or(0, |m| m.last.retransmits);
+            sum_retr += retr;
             text.push(interval_line(
                 id,
                 Duration::ZERO,
                 t,
                 e.bytes,
-                &format!("  {}  sender", pct(zc, e.bytes)),
+                &format!(
+                    "{}  sender",
+                    tail(self.tcp.then_some((retr, None)), &pct(zc, e.bytes))
+                ),
             ));
             let side = |t: Duration, sender: bool| {
                 json!({
@@ -283,6 +339,15 @@ impl Output {
                 })
             };
             let mut doc = json!({ "sender": side(t, true) });
+            if let Some(m) = tcp {
+                // iperf3's names; round trips in microseconds.
+                let d = &mut doc["sender"];
+                d["retransmits"] = json!(m.last.retransmits);
+                d["max_snd_cwnd"] = json!(m.max_cwnd);
+                d["max_rtt"] = json!(m.max_rtt_us);
+                d["min_rtt"] = json!(m.min_rtt_us);
+                d["mean_rtt"] = json!(m.mean_rtt_us);
+            }
             match e.confirmed {
                 Some(c) => {
                     let tc = c.saturating_duration_since(start);
@@ -313,7 +378,10 @@ impl Output {
                 Duration::ZERO,
                 sum_end,
                 sum,
-                &format!("  {}  sender", pct(zc, sum)),
+                &format!(
+                    "{}  sender",
+                    tail(self.tcp.then_some((sum_retr, None)), &pct(zc, sum))
+                ),
             ));
             if all_confirmed {
                 text.push(interval_line(
@@ -454,6 +522,9 @@ impl Output {
                 "receiver_confirmed": all_confirmed,
             },
         });
+        if self.tcp {
+            end["sum_sent"]["retransmits"] = json!(sum_retr);
+        }
         if all_confirmed {
             end["sum_received"] = side_sum(sum_conf, false);
         }

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,6 +15,7 @@ use socket2::Socket;
 use zerotx::{CopyReason, EngineKind, Explanation, Released, SendError, SendPath, Sender, Stats};
 
 use super::plan::Conn;
+use super::tcp_info::{TcpCounters, TcpSampler};
 use crate::transfer::pattern::Window;
 
 /// How long one blocking call may wait before the loop looks at its deadline and its stall
@@ -28,6 +29,8 @@ pub struct Counters {
     pub bytes: AtomicU64,
     /// Of those, sent zero-copy (the kernel said so) or by `sendfile`.
     pub zerocopy: AtomicU64,
+    /// TCP only: the connection's last `TCP_INFO` sample.
+    pub tcp: Arc<TcpCounters>,
 }
 
 /// What a stream sends.
@@ -190,6 +193,9 @@ pub struct End {
     pub via: &'static str,
     /// What went wrong.
     pub error: Option<anyhow::Error>,
+    /// TCP only: `TCP_INFO` over the run (retransmits, window, round trips), last sampled at
+    /// the end, with the socket still open.
+    pub tcp: Option<TcpSampler>,
 }
 
 impl Job {
@@ -234,6 +240,8 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
         Source::Mapped(_) => "mmap",
     });
     let stream = conn.stream;
+    // The sender owns the socket until `close`, which samples it a last time.
+    end.tcp = TcpSampler::new(conn.fd.as_raw_fd(), ctl.counters.tcp.clone());
     let mut tx = match Sender::new(conn.fd, engine) {
         Ok(tx) => tx,
         Err(e) => return end.failed(anyhow::anyhow!("engine {engine}: {e}")),
@@ -278,12 +286,28 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
             Ok(false) => {}
             Err(e) => return end.close(tx, stream, Duration::ZERO, Some(e)),
         }
+        if let Some(t) = &mut end.tcp {
+            t.tick(Instant::now());
+        }
     }
-    // The end: every buffer back from the kernel, then the receiver's EOF.
-    let flushed = tx.flush(ctl.linger);
-    if let Err(e) = end.account(&mut tx, &mut released, &ctl.counters) {
-        return end.close(tx, stream, Duration::ZERO, Some(e));
-    }
+    // The end: every buffer back from the kernel, then the receiver's EOF. In slices, counting
+    // what comes back as it comes (the interval lines go on while the last bytes drain).
+    let drain_until = Instant::now() + ctl.linger;
+    let flushed = loop {
+        let now = Instant::now();
+        let slice = SLICE.min(drain_until.saturating_duration_since(now));
+        let r = tx.flush(slice);
+        if let Err(e) = end.account(&mut tx, &mut released, &ctl.counters) {
+            return end.close(tx, stream, Duration::ZERO, Some(e));
+        }
+        if let Some(t) = &mut end.tcp {
+            t.tick(Instant::now());
+        }
+        match r {
+            Err(zerotx::Error::TimedOut { .. }) if Instant::now() < drain_until => {}
+            r => break r,
+        }
+    };
     let err = match flushed {
         Ok(()) => None,
         Err(zerotx::Error::TimedOut { outstanding }) => Some(anyhow::anyhow!(
@@ -313,10 +337,14 @@ fn run_sendfile(
     if let Err(e) = setup {
         return end.failed(anyhow::anyhow!("setting up the socket: {e}"));
     }
+    end.tcp = TcpSampler::new(sock.as_raw_fd(), ctl.counters.tcp.clone());
     let mut sent = 0u64;
     let mut off = 0u64;
     let mut last_progress = Instant::now();
     while !ctl.stop(sent) && len > 0 {
+        if let Some(t) = &mut end.tcp {
+            t.tick(Instant::now());
+        }
         if off == len {
             off = 0; // again, until the deadline (only with --time: else `bytes` stopped it)
         }
@@ -386,6 +414,7 @@ impl End {
             explain: None,
             via,
             error: None,
+            tcp: None,
         }
     }
 
@@ -437,6 +466,10 @@ impl End {
         self.stats = Some(tx.stats());
         self.explain = Some(tx.explain());
         let closed = tx.close(if error.is_some() { SLICE } else { wait });
+        // The socket is still open (in `closed.fd`): the last sample.
+        if let Some(t) = &mut self.tcp {
+            t.last();
+        }
         for r in closed.released {
             self.bytes += r.report.bytes as u64;
             self.by_path.add(r.report.path, r.report.bytes as u64);
@@ -455,6 +488,9 @@ impl End {
     }
 
     fn finish_stream(mut self, sock: Socket, wait: Duration, error: Option<anyhow::Error>) -> Self {
+        if let Some(t) = &mut self.tcp {
+            t.last();
+        }
         self.error = error;
         if self.error.is_none() {
             match confirm_end(sock.into(), wait) {
