@@ -8,7 +8,9 @@
  *   1 ret         in a function that returns to the loop (what glibc's sendto does);
  *   call+ret,ret  the same, after a call and return of its own once the kernel came back;
  *   32 call+ret   the same with 32 such pairs first;
- *   inline+call   inline, then a call and return made after the system call.
+ *   inline+call   inline, then a call and return made after the system call;
+ *   k per ret     k inline sends in a function the loop calls again and again (one return into
+ *                 an older frame per k sends: a batch API), for k = 1, 8 and 32.
  *
  * On the AMD EPYC VMs this project runs on (SRSO "Safe RET", retpolines, RSB filling), any return
  * into a frame that was live before the system call costs 0.5-0.8 us more per call, however many
@@ -61,6 +63,14 @@ __attribute__((noinline)) long call_ret32(long fd, char *buf, long len, struct s
 	return r;
 }
 
+__attribute__((noinline)) long send_k(long fd, char *buf, long len, struct sockaddr_in *a, long k)
+{
+	long s = 0;
+	for (long i = 0; i < k; i++)
+		s += SEND(fd, buf, len, a);
+	return s;
+}
+
 static double now(void)
 {
 	struct timespec t;
@@ -96,9 +106,16 @@ int main(void)
 		}
 		double t5 = now();
 		printf("ns per sendto: inline %.0f, 1 ret %.0f, call+ret,ret %.0f, 32 call+ret,ret %.0f, "
-		       "inline+call %.0f\n",
+		       "inline+call %.0f",
 		       (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9, (t3 - t2) / n * 1e9,
 		       (t4 - t3) / n * 1e9, (t5 - t4) / n * 1e9);
+		for (long k = 1; k <= 32; k *= k == 1 ? 8 : 4) {
+			double t = now();
+			for (long i = 0; i < n / k; i++)
+				s += send_k(fd, buf, sizeof buf, &a, k);
+			printf(", %ld per ret %.0f", k, (now() - t) / (n / k * k) * 1e9);
+		}
+		printf("\n");
 	}
 	return 0;
 }
