@@ -220,7 +220,7 @@ impl Output {
                 .map(|e| Snap {
                     bytes: e.bytes,
                     zerocopy: e.by_path.zerocopy + e.by_path.sendfile,
-                    tcp: e.tcp.as_ref().map(|t| t.summary().last),
+                    tcp: e.tcp.map(|t| t.last),
                 })
                 .collect();
             self.emit(&cur, t, None);
@@ -311,13 +311,19 @@ impl Output {
         let (mut sum, mut sum_end, mut all_confirmed, mut sum_conf) =
             (0u64, Duration::ZERO, true, Duration::ZERO);
         let mut sum_retr = 0;
+        // A receiver line's word sits where the sender line's does: after the TCP columns too.
+        let pad = if self.tcp {
+            " ".repeat(19)
+        } else {
+            String::new()
+        };
         for (id, e) in self.ids.iter().zip(ends) {
             by_path.merge(&e.by_path);
             sum += e.bytes;
             let t = e.finished.saturating_duration_since(start);
             sum_end = sum_end.max(t);
             let zc = e.by_path.zerocopy + e.by_path.sendfile;
-            let tcp = e.tcp.as_ref().map(|t| t.summary());
+            let tcp = e.tcp;
             let retr = tcp.map_or(0, |m| m.last.retransmits);
             sum_retr += retr;
             text.push(interval_line(
@@ -357,7 +363,7 @@ impl Output {
                         Duration::ZERO,
                         tc,
                         e.bytes,
-                        "         receiver (read to the end, then closed)",
+                        &format!("{pad}         receiver (read to the end, then closed)"),
                     ));
                     doc["receiver"] = side(tc, false);
                 }
@@ -389,7 +395,7 @@ impl Output {
                     Duration::ZERO,
                     sum_conf,
                     sum,
-                    "         receiver",
+                    &format!("{pad}         receiver"),
                 ));
             }
         }

@@ -15,7 +15,7 @@ use socket2::Socket;
 use zerotx::{CopyReason, EngineKind, Explanation, Released, SendError, SendPath, Sender, Stats};
 
 use super::plan::Conn;
-use super::tcp_info::{TcpCounters, TcpSampler};
+use super::tcp_info::{TcpCounters, TcpSampler, TcpSummary};
 use crate::transfer::pattern::Window;
 
 /// How long one blocking call may wait before the loop looks at its deadline and its stall
@@ -194,8 +194,10 @@ pub struct End {
     /// What went wrong.
     pub error: Option<anyhow::Error>,
     /// TCP only: `TCP_INFO` over the run (retransmits, window, round trips), last sampled at
-    /// the end, with the socket still open.
-    pub tcp: Option<TcpSampler>,
+    /// the end, before the socket closed.
+    pub tcp: Option<TcpSummary>,
+    /// Samples the socket while this stream holds it open; finished into `tcp`.
+    sampler: Option<TcpSampler>,
 }
 
 impl Job {
@@ -241,7 +243,7 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
     });
     let stream = conn.stream;
     // The sender owns the socket until `close`, which samples it a last time.
-    end.tcp = TcpSampler::new(conn.fd.as_raw_fd(), ctl.counters.tcp.clone());
+    end.sampler = TcpSampler::new(conn.fd.as_raw_fd(), ctl.counters.tcp.clone());
     let mut tx = match Sender::new(conn.fd, engine) {
         Ok(tx) => tx,
         Err(e) => return end.failed(anyhow::anyhow!("engine {engine}: {e}")),
@@ -286,7 +288,7 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
             Ok(false) => {}
             Err(e) => return end.close(tx, stream, Duration::ZERO, Some(e)),
         }
-        if let Some(t) = &mut end.tcp {
+        if let Some(t) = &mut end.sampler {
             t.tick(Instant::now());
         }
     }
@@ -300,7 +302,7 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
         if let Err(e) = end.account(&mut tx, &mut released, &ctl.counters) {
             return end.close(tx, stream, Duration::ZERO, Some(e));
         }
-        if let Some(t) = &mut end.tcp {
+        if let Some(t) = &mut end.sampler {
             t.tick(Instant::now());
         }
         match r {
@@ -337,12 +339,12 @@ fn run_sendfile(
     if let Err(e) = setup {
         return end.failed(anyhow::anyhow!("setting up the socket: {e}"));
     }
-    end.tcp = TcpSampler::new(sock.as_raw_fd(), ctl.counters.tcp.clone());
+    end.sampler = TcpSampler::new(sock.as_raw_fd(), ctl.counters.tcp.clone());
     let mut sent = 0u64;
     let mut off = 0u64;
     let mut last_progress = Instant::now();
     while !ctl.stop(sent) && len > 0 {
-        if let Some(t) = &mut end.tcp {
+        if let Some(t) = &mut end.sampler {
             t.tick(Instant::now());
         }
         if off == len {
@@ -415,10 +417,13 @@ impl End {
             via,
             error: None,
             tcp: None,
+            sampler: None,
         }
     }
 
     fn failed(mut self, e: anyhow::Error) -> Self {
+        // Its socket may be closed already.
+        self.sampler = None;
         self.finished = Instant::now();
         self.error = Some(e);
         self
@@ -466,10 +471,6 @@ impl End {
         self.stats = Some(tx.stats());
         self.explain = Some(tx.explain());
         let closed = tx.close(if error.is_some() { SLICE } else { wait });
-        // The socket is still open (in `closed.fd`): the last sample.
-        if let Some(t) = &mut self.tcp {
-            t.last();
-        }
         for r in closed.released {
             self.bytes += r.report.bytes as u64;
             self.by_path.add(r.report.path, r.report.bytes as u64);
@@ -479,35 +480,53 @@ impl End {
             self.finished = Instant::now();
         }
         if stream && self.error.is_none() {
-            match confirm_end(closed.fd, wait) {
+            match confirm_end(closed.fd, wait, self.sampler.as_mut()) {
                 Ok(t) => self.confirmed = Some(t),
                 Err(why) => self.unconfirmed = Some(why),
             }
+        } else if let Some(t) = &mut self.sampler {
+            t.sample(); // `closed.fd` is still open
         }
+        self.tcp = self.sampler.take().map(TcpSampler::finish);
         self
     }
 
     fn finish_stream(mut self, sock: Socket, wait: Duration, error: Option<anyhow::Error>) -> Self {
-        if let Some(t) = &mut self.tcp {
-            t.last();
-        }
         self.error = error;
         if self.error.is_none() {
-            match confirm_end(sock.into(), wait) {
+            match confirm_end(sock.into(), wait, self.sampler.as_mut()) {
                 Ok(t) => self.confirmed = Some(t),
                 Err(why) => self.unconfirmed = Some(why),
             }
         } else {
+            if let Some(t) = &mut self.sampler {
+                t.sample(); // `sock` is still open
+            }
             self.finished = Instant::now();
         }
+        self.tcp = self.sampler.take().map(TcpSampler::finish);
         self
     }
 }
 
 /// Ends the stream for writing and waits up to `wait` for the receiver to close: then it has read
 /// everything. Any receiver that closes at the end (zerotx recv, socat, `nc -N`, a script) does.
-fn confirm_end(fd: OwnedFd, wait: Duration) -> Result<Instant, String> {
+/// `tcp` samples the connection once the wait ended, before the socket closes: the retransmits
+/// of the bytes still in flight at the end count too.
+fn confirm_end(
+    fd: OwnedFd,
+    wait: Duration,
+    tcp: Option<&mut TcpSampler>,
+) -> Result<Instant, String> {
     let s = Socket::from(fd);
+    let end = wait_for_close(&s, wait);
+    if let Some(t) = tcp {
+        t.sample();
+    }
+    end
+}
+
+fn wait_for_close(s: &Socket, wait: Duration) -> Result<Instant, String> {
     let setup = s
         .set_nonblocking(false)
         .and_then(|()| s.shutdown(std::net::Shutdown::Write))
@@ -516,9 +535,10 @@ fn confirm_end(fd: OwnedFd, wait: Duration) -> Result<Instant, String> {
         return Err(format!("could not end the stream: {e}"));
     }
     let mut buf = [0u8; 4096];
+    let mut reader = s;
     let deadline = Instant::now() + wait;
     loop {
-        match (&s).read(&mut buf) {
+        match reader.read(&mut buf) {
             Ok(0) => return Ok(Instant::now()),
             Ok(_) if Instant::now() < deadline => {} // the receiver talks back: ignore it
             Ok(_) => return Err("the receiver kept sending after the end".into()),

@@ -32,8 +32,9 @@ impl TcpSample {
         let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
         // SAFETY: getsockopt writes at most `len` bytes into `info` and says how many it wrote
-        // in `len`. A wrong or closed `fd` only makes it fail (the caller owns the socket while
-        // it samples it).
+        // in `len`; the fd number only decides which socket it reads (a closed one fails, a
+        // reused number would read another socket: `TcpSampler` samples only while its stream
+        // holds the socket open).
         let r = unsafe {
             libc::getsockopt(
                 fd,
@@ -43,8 +44,10 @@ impl TcpSample {
                 &mut len,
             )
         };
-        // Every field read here is in the first 104 bytes, which every kernel since 2.6 writes.
-        if r != 0 || (len as usize) < 104 {
+        // Every field read here lies up to `tcpi_total_retrans`, which every kernel since 2.6
+        // writes.
+        let needed = std::mem::offset_of!(libc::tcp_info, tcpi_total_retrans) + 4;
+        if r != 0 || (len as usize) < needed {
             return None;
         }
         Some(Self {
@@ -106,7 +109,8 @@ pub struct TcpSummary {
     pub mean_rtt_us: u64,
 }
 
-/// Samples a TCP socket every [`EVERY`] while its stream runs.
+/// Samples a TCP socket every [`EVERY`] while its stream runs. Its stream samples only while it
+/// holds the socket open, and [`finish`](Self::finish)es it before the socket closes.
 #[derive(Debug)]
 pub struct TcpSampler {
     fd: RawFd,
@@ -141,16 +145,20 @@ impl TcpSampler {
     pub fn tick(&mut self, now: Instant) {
         if now >= self.next {
             self.next = now + EVERY;
-            self.last();
+            self.sample();
         }
     }
 
-    /// Samples now (at the stream's end: what its last interval line and its totals show). The
-    /// socket must still be open.
-    pub fn last(&mut self) {
+    /// Samples now (at the stream's end: what its last interval line and its totals show).
+    pub fn sample(&mut self) {
         if let Some(s) = TcpSample::read(self.fd) {
             self.record(s);
         }
+    }
+
+    /// The run, once the socket is done with.
+    pub fn finish(self) -> TcpSummary {
+        self.summary
     }
 
     fn record(&mut self, s: TcpSample) {
@@ -163,11 +171,6 @@ impl TcpSampler {
         self.rtt_sum += s.rtt_us;
         self.samples += 1;
         m.mean_rtt_us = self.rtt_sum / self.samples;
-    }
-
-    /// The run so far.
-    pub fn summary(&self) -> TcpSummary {
-        self.summary
     }
 }
 
@@ -202,7 +205,7 @@ mod tests {
                 ..TcpSample::default()
             });
         }
-        let m = t.summary();
+        let m = t.finish();
         assert_eq!(m.max_cwnd, first.cwnd.max(100));
         assert_eq!(m.min_rtt_us, first.rtt_us.min(10));
         assert_eq!(m.max_rtt_us, first.rtt_us.max(30));
