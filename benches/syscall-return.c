@@ -2,7 +2,7 @@
  * What a function return right after a system call costs on this machine.
  *
  * The same 1400-byte UDP sendto (to 127.0.0.1:9, where nothing listens: the whole IP path and an
- * ICMP reply, no receiver to drain) entered five ways:
+ * ICMP reply, no receiver to drain) entered these ways:
  *   inline        the `syscall` instruction in the loop itself (what zerotx's send loop does,
  *                 through rustix);
  *   1 ret         in a function that returns to the loop (what glibc's sendto does);
@@ -10,7 +10,7 @@
  *   32 call+ret   the same with 32 such pairs first;
  *   inline+call   inline, then a call and return made after the system call;
  *   k per ret     k inline sends in a function the loop calls again and again (one return into
- *                 an older frame per k sends: a batch API), for k = 1, 8 and 32.
+ *                 an older frame per k sends: a batch API), for k = 1, 2, 8 and 32.
  *
  * On the AMD EPYC VMs this project runs on (SRSO "Safe RET", retpolines, RSB filling), any return
  * into a frame that was live before the system call costs 0.5-0.8 us more per call, however many
@@ -109,7 +109,9 @@ int main(void)
 		       "inline+call %.0f",
 		       (t1 - t0) / n * 1e9, (t2 - t1) / n * 1e9, (t3 - t2) / n * 1e9,
 		       (t4 - t3) / n * 1e9, (t5 - t4) / n * 1e9);
-		for (long k = 1; k <= 32; k *= k == 1 ? 8 : 4) {
+		static const long ks[] = {1, 2, 8, 32};
+		for (unsigned j = 0; j < sizeof ks / sizeof ks[0]; j++) {
+			long k = ks[j];
 			double t = now();
 			for (long i = 0; i < n / k; i++)
 				s += send_k(fd, buf, sizeof buf, &a, k);

@@ -15,7 +15,7 @@ echo "== cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features -q
 # The command's own docs: its bin has `doc = false`, since its pages would replace the library's
 # in target/doc/zerotx (the same crate name, cargo#6313). Checked in a target directory of their
-# own (about 15 s).
+# own (a check build of the dependencies there: about a minute on a fresh machine, seconds after).
 RUSTDOCFLAGS="-D warnings" cargo rustdoc -q -p zerotx-cli --bin zerotx --target-dir target/doc-cli
 
 echo "== fuzz: cmsg decoder (${ZEROTX_FUZZ_SECONDS:=20} s)"
