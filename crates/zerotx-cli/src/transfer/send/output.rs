@@ -323,8 +323,7 @@ impl Output {
             let t = e.finished.saturating_duration_since(start);
             sum_end = sum_end.max(t);
             let zc = e.by_path.zerocopy + e.by_path.sendfile;
-            let tcp = e.tcp;
-            let retr = tcp.map_or(0, |m| m.last.retransmits);
+            let retr = e.tcp.map_or(0, |m| m.last.retransmits);
             sum_retr += retr;
             text.push(interval_line(
                 id,
@@ -345,7 +344,7 @@ impl Output {
                 })
             };
             let mut doc = json!({ "sender": side(t, true) });
-            if let Some(m) = tcp {
+            if let Some(m) = e.tcp {
                 // iperf3's names; round trips in microseconds.
                 let d = &mut doc["sender"];
                 d["retransmits"] = json!(m.last.retransmits);

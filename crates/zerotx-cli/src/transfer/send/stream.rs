@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -288,9 +288,7 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
             Ok(false) => {}
             Err(e) => return end.close(tx, stream, Duration::ZERO, Some(e)),
         }
-        if let Some(t) = &mut end.sampler {
-            t.tick(Instant::now());
-        }
+        end.tick_tcp();
     }
     // The end: every buffer back from the kernel, then the receiver's EOF. In slices, counting
     // what comes back as it comes (the interval lines go on while the last bytes drain).
@@ -302,9 +300,7 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
         if let Err(e) = end.account(&mut tx, &mut released, &ctl.counters) {
             return end.close(tx, stream, Duration::ZERO, Some(e));
         }
-        if let Some(t) = &mut end.sampler {
-            t.tick(Instant::now());
-        }
+        end.tick_tcp();
         match r {
             Err(zerotx::Error::TimedOut { .. }) if Instant::now() < drain_until => {}
             r => break r,
@@ -344,9 +340,7 @@ fn run_sendfile(
     let mut off = 0u64;
     let mut last_progress = Instant::now();
     while !ctl.stop(sent) && len > 0 {
-        if let Some(t) = &mut end.sampler {
-            t.tick(Instant::now());
-        }
+        end.tick_tcp();
         if off == len {
             off = 0; // again, until the deadline (only with --time: else `bytes` stopped it)
         }
@@ -479,54 +473,48 @@ impl End {
         if self.error.is_none() {
             self.finished = Instant::now();
         }
-        if stream && self.error.is_none() {
-            match confirm_end(closed.fd, wait, self.sampler.as_mut()) {
-                Ok(t) => self.confirmed = Some(t),
-                Err(why) => self.unconfirmed = Some(why),
-            }
-        } else if let Some(t) = &mut self.sampler {
-            t.sample(); // `closed.fd` is still open
-        }
-        self.tcp = self.sampler.take().map(TcpSampler::finish);
+        let confirm = stream && self.error.is_none();
+        self.end_socket(Socket::from(closed.fd), wait, confirm);
         self
     }
 
     fn finish_stream(mut self, sock: Socket, wait: Duration, error: Option<anyhow::Error>) -> Self {
         self.error = error;
-        if self.error.is_none() {
-            match confirm_end(sock.into(), wait, self.sampler.as_mut()) {
+        if self.error.is_some() {
+            self.finished = Instant::now();
+        }
+        let confirm = self.error.is_none();
+        self.end_socket(sock, wait, confirm);
+        self
+    }
+
+    /// Samples `TCP_INFO` if the last sample is old enough (while the stream holds its socket).
+    fn tick_tcp(&mut self) {
+        if let Some(t) = &mut self.sampler {
+            t.tick(Instant::now());
+        }
+    }
+
+    /// The stream's last step with its socket: waits for the receiver's close when `confirm`,
+    /// then takes the last `TCP_INFO` sample while the socket is still open (after the close, the
+    /// retransmits of every byte count), and closes it.
+    fn end_socket(&mut self, s: Socket, wait: Duration, confirm: bool) {
+        if confirm {
+            match confirm_end(&s, wait) {
                 Ok(t) => self.confirmed = Some(t),
                 Err(why) => self.unconfirmed = Some(why),
             }
-        } else {
-            if let Some(t) = &mut self.sampler {
-                t.sample(); // `sock` is still open
-            }
-            self.finished = Instant::now();
         }
-        self.tcp = self.sampler.take().map(TcpSampler::finish);
-        self
+        if let Some(mut t) = self.sampler.take() {
+            t.sample();
+            self.tcp = Some(t.finish());
+        }
     }
 }
 
 /// Ends the stream for writing and waits up to `wait` for the receiver to close: then it has read
 /// everything. Any receiver that closes at the end (zerotx recv, socat, `nc -N`, a script) does.
-/// `tcp` samples the connection once the wait ended, before the socket closes: the retransmits
-/// of the bytes still in flight at the end count too.
-fn confirm_end(
-    fd: OwnedFd,
-    wait: Duration,
-    tcp: Option<&mut TcpSampler>,
-) -> Result<Instant, String> {
-    let s = Socket::from(fd);
-    let end = wait_for_close(&s, wait);
-    if let Some(t) = tcp {
-        t.sample();
-    }
-    end
-}
-
-fn wait_for_close(s: &Socket, wait: Duration) -> Result<Instant, String> {
+fn confirm_end(s: &Socket, wait: Duration) -> Result<Instant, String> {
     let setup = s
         .set_nonblocking(false)
         .and_then(|()| s.shutdown(std::net::Shutdown::Write))
