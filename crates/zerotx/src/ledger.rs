@@ -39,6 +39,10 @@ use crate::cmsg::ZcRange;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SlotId(usize);
 
+/// A free slot of a [`Ledger`], from [`Ledger::free_item`].
+#[derive(Debug)]
+pub struct FreeSlot(usize);
+
 /// How a settled item's ids went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Done {
@@ -108,7 +112,7 @@ struct Held<T> {
 /// See the module docs.
 ///
 /// The slots are a slab written here rather than taken from the `slab` crate: an item is built in
-/// its slot ([`insert_with`](Self::insert_with)) and settled there
+/// its slot ([`free_item`](Self::free_item)) and settled there
 /// ([`complete_with`](Self::complete_with)), so a zero-copy send's record is not moved between
 /// the caller, the ledger and a list of settled items. Each such move of a freshly written record
 /// stalled on store forwarding and showed in the profile of every zero-copy send.
@@ -163,39 +167,51 @@ impl<T> Ledger<T> {
     /// Starts holding `item`. It is returned only once it is sealed and all its ids completed.
     #[inline]
     pub fn insert(&mut self, item: T) -> SlotId {
-        self.insert_with(item, |old, item| *old = item, |item| item)
+        if let Some((free, old)) = self.free_item() {
+            *old = item;
+            return self.insert_refilled(free);
+        }
+        self.slots.push(Held {
+            item,
+            live: true,
+            ids: 0,
+            pending: 0,
+            sealed: false,
+            copied: false,
+        });
+        self.held += 1;
+        SlotId(self.slots.len() - 1)
     }
 
-    /// Starts holding an item built in place from `args`: `refill` turns a free slot's settled
-    /// item into the new one, `new` makes one when no slot is free. Settled as
-    /// [`insert`](Self::insert)'s. Always inlined: it sits on every zero-copy send's path.
+    /// A free slot and the settled item it keeps, for the caller to make into a new item in place
+    /// and then [`insert_refilled`](Self::insert_refilled); `None` if no slot is free
+    /// ([`insert`](Self::insert) a new item then). Nothing is counted until `insert_refilled`, so
+    /// a panic while refilling (a buffer's `as_bytes`) leaves the ledger as it was.
+    ///
+    /// Two calls rather than one taking closures: the new item's parts then go from the caller's
+    /// registers straight into the slot. Passed through a closure's argument, a buffer was copied
+    /// through the stack with loads wider than its stores, which stalled every zero-copy send.
     #[inline(always)]
-    pub fn insert_with<A>(
-        &mut self,
-        args: A,
-        refill: impl FnOnce(&mut T, A),
-        new: impl FnOnce(A) -> T,
-    ) -> SlotId {
-        // The item is built before the ledger counts it or takes the slot off the free list: a
-        // panic in the caller's buffer (`as_bytes`) leaves the ledger as it was.
-        let Some(&i) = self.free.last() else {
-            let item = new(args);
-            self.slots.push(Held {
-                item,
-                live: true,
-                ids: 0,
-                pending: 0,
-                sealed: false,
-                copied: false,
-            });
-            self.held += 1;
-            return SlotId(self.slots.len() - 1);
-        };
+    pub fn free_item(&mut self) -> Option<(FreeSlot, &mut T)> {
+        let &i = self.free.last()?;
         let held = &mut self.slots[i];
         assert!(!held.live, "free slot {i} is live");
-        refill(&mut held.item, args);
+        Some((FreeSlot(i), &mut held.item))
+    }
+
+    /// Starts holding the item the caller refilled in `free` ([`free_item`](Self::free_item)).
+    /// Settled as [`insert`](Self::insert)'s.
+    #[inline(always)]
+    pub fn insert_refilled(&mut self, free: FreeSlot) -> SlotId {
+        let i = free.0;
+        assert_eq!(
+            self.free.last(),
+            Some(&i),
+            "slot {i} is not the next free one"
+        );
         self.free.pop();
         self.held += 1;
+        let held = &mut self.slots[i];
         held.live = true;
         held.ids = 0;
         held.pending = 0;
@@ -275,7 +291,7 @@ impl<T> Ledger<T> {
 
     /// No more ids will be recorded for `slot`. If none are pending, settles it at once: hands
     /// the item to `settle` in its slot, frees the slot and returns `true`; otherwise the item
-    /// settles in [`complete_with`](Self::complete_with). Always inlined, as `insert_with`.
+    /// settles in [`complete_with`](Self::complete_with). Always inlined, as `free_item`.
     #[inline(always)]
     pub fn seal_with(&mut self, slot: SlotId, settle: impl FnOnce(&mut T, Done)) -> bool {
         let held = self.held_mut(slot);
@@ -450,20 +466,18 @@ mod tests {
         // The item is a Vec: its capacity shows whether the slot's old item was refilled.
         let mut l: Ledger<Vec<u8>> = Ledger::new(5);
         let mut news = 0;
-        let mut insert = |l: &mut Ledger<Vec<u8>>, byte: u8| {
-            l.insert_with(
-                byte,
-                |v, b| {
-                    assert!(v.is_empty(), "refilled a slot whose item was not settled");
-                    v.push(b);
-                },
-                |b| {
-                    news += 1;
-                    let mut v = Vec::with_capacity(64);
-                    v.push(b);
-                    v
-                },
-            )
+        let mut insert = |l: &mut Ledger<Vec<u8>>, byte: u8| match l.free_item() {
+            Some((free, v)) => {
+                assert!(v.is_empty(), "refilled a slot whose item was not settled");
+                v.push(byte);
+                l.insert_refilled(free)
+            }
+            None => {
+                news += 1;
+                let mut v = Vec::with_capacity(64);
+                v.push(byte);
+                l.insert(v)
+            }
         };
         let a = insert(&mut l, 1);
         let b = insert(&mut l, 2);

@@ -57,7 +57,11 @@ pub struct Report {
 }
 
 /// A buffer the kernel is done with, and how it went.
+// `repr(C)`, the buffer first: the engines write it into the caller's vector word for word as it
+// was read from the send queue. In Rust's own layout it sat after the report's one-byte path, and
+// the copy that moved it took the padding along, with loads that straddled earlier stores.
 #[derive(Debug)]
+#[repr(C)]
 pub struct Released<B> {
     /// The buffer, now the caller's to change or drop.
     pub buf: B,

@@ -507,11 +507,13 @@ impl<B: SendBuf> SendmsgEngine<B> {
         // when absent.
         let started = self.latency.next();
         let dest = dest.map(Box::new);
-        let slot = self.ledger.insert_with(
-            (buf, dest, started),
-            |rec, (buf, dest, started)| rec.refill(buf, dest, started),
-            |(buf, dest, started)| Record::new(buf, dest, started),
-        );
+        let slot = match self.ledger.free_item() {
+            Some((free, rec)) => {
+                rec.refill(buf, dest, started);
+                self.ledger.insert_refilled(free)
+            }
+            None => self.ledger.insert(Record::new(buf, dest, started)),
+        };
         if self.auto.is_some() {
             let rec = self.ledger.item_mut(slot);
             rec.auto_zc = true;
