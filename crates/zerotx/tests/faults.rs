@@ -635,6 +635,59 @@ fn error_queue_messages_that_are_not_completions_are_drained() {
     }
 }
 
+/// The copy engine reads its error queue less often than every reap (it holds no completions,
+/// only what the caller's options put there): on every readiness, and in one reap of 16. A caller
+/// that polls the descriptor without asking for readiness first still sees POLLERR go within 16
+/// reaps, not never.
+#[test]
+fn copy_drains_its_error_queue_within_sixteen_reaps_without_a_readiness() {
+    const SO_TIMESTAMPING: libc::c_int = 37;
+    const TX_SOFTWARE_AND_REPORT: libc::c_int = (1 << 1) | (1 << 4);
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(sink.local_addr().unwrap()).unwrap();
+    let fd = sock.as_raw_fd();
+    // SAFETY: setsockopt reads one c_int from a live constant.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            SO_TIMESTAMPING,
+            (&TX_SOFTWARE_AND_REPORT as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(rc, 0);
+    let mut tx = Sender::new(sock, EngineKind::Copy).unwrap();
+    let pollerr = || {
+        let mut p = libc::pollfd {
+            fd,
+            events: 0,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    };
+    let mut out = Vec::new();
+    for _ in 0..4 {
+        tx.try_send(vec![1u8; 1000]).unwrap();
+    }
+    tx.reap(&mut out).unwrap();
+    assert!(pollerr(), "the timestamps are queued: {:?}", tx.stats());
+    let mut reaps = 1;
+    while pollerr() {
+        assert!(
+            reaps < 16,
+            "POLLERR still up after {reaps} reaps: {:?}",
+            tx.stats()
+        );
+        tx.reap(&mut out).unwrap();
+        reaps += 1;
+    }
+    assert!(tx.stats().skipped_messages >= 4, "{:?}", tx.stats());
+    assert_eq!(out.len(), 4);
+}
+
 /// A vsock SEQPACKET send can answer EAGAIN after queueing part of the message, so a retry would
 /// send its start twice: refused with the reason, before anything else is checked.
 #[test]
