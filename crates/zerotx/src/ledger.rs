@@ -90,11 +90,23 @@ pub enum LedgerError {
     },
 }
 
+/// One id of the window: 8 bytes, so a cache line holds eight (the window is read and written on
+/// every zero-copy send and completion).
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// The item waiting for this id; `None` for an unowned id (see the module docs).
-    slot: Option<usize>,
+    /// The slot of the item waiting for this id; [`UNOWNED`] for an unowned id (see the module
+    /// docs).
+    slot: u32,
     done: bool,
+}
+
+/// [`Entry::slot`] of an id no item waits for.
+const UNOWNED: u32 = u32::MAX;
+
+impl Entry {
+    fn slot(self) -> Option<usize> {
+        (self.slot != UNOWNED).then_some(self.slot as usize)
+    }
 }
 
 /// A slot. A free one keeps its last item, settled (an engine's record without buffers), for the
@@ -171,6 +183,10 @@ impl<T> Ledger<T> {
             *old = item;
             return self.insert_refilled(free);
         }
+        assert!(
+            self.slots.len() < UNOWNED as usize,
+            "more than 2^32 - 1 items held"
+        );
         self.slots.push(Held {
             item,
             live: true,
@@ -255,7 +271,7 @@ impl<T> Ledger<T> {
         held.ids += 1;
         self.pending += 1;
         self.window.push_back(Entry {
-            slot: Some(slot.0),
+            slot: slot.0 as u32,
             done: false,
         });
         id
@@ -267,7 +283,7 @@ impl<T> Ledger<T> {
         let id = self.next_id();
         self.unowned += 1;
         self.window.push_back(Entry {
-            slot: None,
+            slot: UNOWNED,
             done: false,
         });
         id
@@ -280,7 +296,7 @@ impl<T> Ledger<T> {
     pub fn retract_unowned(&mut self, id: u32) -> bool {
         let newest = self.next_id().wrapping_sub(1);
         match self.window.back() {
-            Some(e) if id == newest && e.slot.is_none() && !e.done => {
+            Some(e) if id == newest && e.slot().is_none() && !e.done => {
                 self.window.pop_back();
                 self.unowned -= 1;
                 true
@@ -353,7 +369,7 @@ impl<T> Ledger<T> {
         for i in lo..end {
             let entry = &mut self.window[i];
             entry.done = true;
-            let Some(slot) = entry.slot else {
+            let Some(slot) = entry.slot() else {
                 self.unowned -= 1;
                 continue;
             };
