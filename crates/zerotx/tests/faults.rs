@@ -7,6 +7,7 @@
 
 mod util;
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::Duration;
 
@@ -29,6 +30,18 @@ struct Outcome {
     stats: Stats,
 }
 
+/// A UDP socket of `dest`'s family, connected to it.
+fn connected_udp(dest: std::net::SocketAddr) -> std::net::UdpSocket {
+    let any = if dest.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let sock = std::net::UdpSocket::bind(any).unwrap();
+    sock.connect(dest).unwrap();
+    sock
+}
+
 /// Sends `n` datagrams to `dest` through `kind`, of `sizes` bytes in turn, reaping as it goes;
 /// asserts that every buffer comes back (refused or released), that the sender drains within
 /// 20 s (no buffer stuck behind a lost completion) and that the ledger refused no completion.
@@ -39,13 +52,7 @@ fn datagrams(
     sizes: &[usize],
     prep: impl Fn(BorrowedFd<'_>),
 ) -> Outcome {
-    let any = if dest.is_ipv4() {
-        "0.0.0.0:0"
-    } else {
-        "[::]:0"
-    };
-    let sock = std::net::UdpSocket::bind(any).unwrap();
-    sock.connect(dest).unwrap();
+    let sock = connected_udp(dest);
     prep(sock.as_fd());
     let mut tx = Sender::new(sock, kind).unwrap();
     let mut o = Outcome::default();
@@ -158,6 +165,44 @@ fn udp_qdisc_drops_with_recverr_are_drops_not_budget() {
                 assert!(o.released_ok > 0, "{kind}: nothing got through: {o:?}");
                 if kind == EngineKind::MsgZerocopy {
                     assert_eq!(o.stats.fallbacks, 0, "a drop is not the budget: {o:?}");
+                }
+            }
+        }
+    });
+}
+
+/// `copy` sends a batch of datagrams with one `sendmmsg`, which drops the error of a datagram
+/// that failed after others went (sendmmsg(2)). A netfilter drop of the third: the two before it
+/// come back released, the third is handed back with EPERM (learned by sending from it again),
+/// and the fourth stays in the caller's queue. `msg-zc` (one call per buffer) must agree.
+#[test]
+fn a_datagram_dropped_inside_a_gathered_batch_is_the_one_that_fails() {
+    util::in_black_hole(65535, |bh| {
+        let rules = "table inet zerotx_batch {\n  chain out {\n    type filter hook output \
+                     priority 0; policy accept;\n    udp length 1008 drop\n  }\n}\n";
+        if !util::run_tool("nft", &["-f", "-"], Some(rules)) {
+            return;
+        }
+        for dest in [bh.v4, bh.v6] {
+            for kind in [EngineKind::Copy, EngineKind::MsgZerocopy] {
+                let mut tx = Sender::new(connected_udp(dest), kind).unwrap();
+                let mut batch: VecDeque<Vec<u8>> =
+                    [vec![1; 500], vec![2; 600], vec![3; 1000], vec![4; 700]].into();
+                match tx.send_batch(&mut batch) {
+                    Err(SendError::Io { buf, error }) => {
+                        assert_eq!(buf, vec![3; 1000], "{kind} {dest}");
+                        assert_eq!(error.raw_os_error(), Some(libc::EPERM), "{kind} {dest}");
+                    }
+                    other => panic!("{kind} {dest}: {other:?}"),
+                }
+                assert_eq!(batch, [vec![4u8; 700]], "{kind} {dest}");
+                let (released, stats) = util::finish(tx);
+                let mut sizes: Vec<usize> = released.iter().map(|r| r.report.bytes).collect();
+                sizes.sort_unstable();
+                assert_eq!(sizes, [500, 600], "{kind} {dest}");
+                assert!(released.iter().all(|r| r.report.error.is_none()));
+                if kind == EngineKind::Copy {
+                    assert_eq!(stats.syscalls, 2, "one sendmmsg and the retry: {stats:?}");
                 }
             }
         }
@@ -382,6 +427,76 @@ impl Guarded {
         }
         Self { ptr, len }
     }
+}
+
+/// `copy` writes a stream batch as one `sendmsg` of several buffers. A fault in the third (the
+/// kernel copies up to its unreadable page and returns what it took of the batch): the two
+/// before it come back whole; the faulting one either comes back with EFAULT and the bytes it
+/// sent, the stream broken for the one after it, or, if none of its bytes went, is handed back
+/// with EFAULT and the one after it stays in the caller's queue. Either way the peer sees exactly
+/// the bytes the reports name, in order.
+#[test]
+fn a_fault_inside_a_gathered_stream_batch_is_that_buffers_alone() {
+    let (client, peer) = tcp_pair(
+        false,
+        Peer {
+            verify: true,
+            ..Peer::default()
+        },
+    );
+    let mut tx = Sender::new(client, EngineKind::Copy).unwrap();
+    let (a, b, c) = (8192, 12288, 256 * 1024);
+    let mut batch: VecDeque<Guarded> = [
+        Guarded::new(a, 0, false),
+        Guarded::new(b, a as u64, false),
+        Guarded::new(c, (a + b) as u64, true),
+        Guarded::new(4096, (a + b + c) as u64, false),
+    ]
+    .into();
+    let result = tx.send_batch(&mut batch);
+    let mut out = Vec::new();
+    tx.flush(Duration::from_secs(10)).unwrap();
+    tx.reap(&mut out).unwrap();
+    let stats = tx.stats();
+    drop(tx.close(Duration::from_secs(1)));
+    let got = peer.join().unwrap();
+    let whole: Vec<usize> = out
+        .iter()
+        .filter(|r| r.report.error.is_none())
+        .map(|r| r.report.bytes)
+        .collect();
+    assert_eq!(whole, [a, b], "{stats:?}");
+    let (Err(SendError::Io { buf, error }), true) = (result, stats.syscalls < 4) else {
+        panic!("the batch must fail, gathered: {stats:?}");
+    };
+    assert_eq!(error.raw_os_error(), Some(libc::EFAULT));
+    let faulted = out.iter().find(|r| r.buf.len == c + 4096);
+    let sent = match faulted {
+        Some(r) => {
+            // Part of it went: released with the error, and the stream is broken for the next.
+            let e = r
+                .report
+                .error
+                .as_ref()
+                .expect("the faulting buffer says so");
+            assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+            assert!(r.report.bytes > 0 && r.report.bytes <= c, "{:?}", r.report);
+            assert_eq!(buf.len, 4096, "the next buffer comes back with the error");
+            assert!(batch.is_empty());
+            r.report.bytes
+        }
+        None => {
+            // None of it went: handed back, the next one still queued.
+            assert_eq!(buf.len, c + 4096);
+            assert_eq!(batch.len(), 1);
+            0
+        }
+    };
+    assert_eq!(
+        (got.bytes, got.mismatches),
+        ((a + b + sent) as u64, 0),
+        "the peer must see exactly what the reports name"
+    );
 }
 
 /// Defect 4: an error after part of a stream buffer went out must break the stream. Sending the

@@ -1097,6 +1097,85 @@ fn send_batch_stops_at_a_failing_buffer_and_keeps_the_rest() {
     });
 }
 
+/// `copy` sends a batch in few system calls: a stream's buffers as one `sendmsg` of up to 32 of
+/// them, datagrams as one `sendmmsg`. Every byte arrives in order, every datagram whole and in order, every buffer
+/// comes back once and whole.
+#[test]
+fn copy_gathers_a_batch_into_few_system_calls() {
+    // A stream, sizes that line up with nothing: to a reader that keeps up, and to a slow one
+    // behind a small send buffer, which makes the kernel take part of a gathered write again and
+    // again (the rest of the cut buffer finishes before the next gather).
+    for slow in [false, true] {
+        let reader = match slow {
+            true => Peer::slow(Duration::from_micros(200), 64 << 10),
+            false => Peer {
+                verify: true,
+                ..Peer::default()
+            },
+        };
+        let (client, peer) = tcp_pair(false, reader);
+        if slow {
+            socket2::SockRef::from(&client)
+                .set_send_buffer_size(32 << 10)
+                .unwrap();
+        }
+        let mut tx = Sender::new(client, EngineKind::Copy).unwrap();
+        let sizes: Vec<usize> = (0..600).map(|i| 1 + (i * 7919) % 20000).collect();
+        let mut offset = 0u64;
+        let mut batch: VecDeque<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| {
+                let mut b = vec![0; n];
+                fill(&mut b, offset);
+                offset += n as u64;
+                b
+            })
+            .collect();
+        tx.send_batch(&mut batch).unwrap();
+        let (released, stats) = finish(tx);
+        assert_eq!(released.len(), sizes.len());
+        assert!(released
+            .iter()
+            .all(|r| r.report.error.is_none() && r.report.bytes == r.buf.len()));
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (offset, 0), "{got:?}");
+        eprintln!(
+            "stream (slow reader: {slow}): {} buffers in {} system calls, {} waits for room",
+            stats.sends, stats.syscalls, stats.would_block
+        );
+        if slow {
+            assert!(stats.would_block > 0, "the socket never filled: {stats:?}");
+        } else {
+            assert!(stats.syscalls < stats.sends / 4, "not gathered: {stats:?}");
+        }
+    }
+
+    // Datagrams: each buffer one datagram, boundaries and order kept.
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    socket2::SockRef::from(&rx)
+        .set_recv_buffer_size(4 << 20)
+        .unwrap();
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(rx.local_addr().unwrap()).unwrap();
+    let mut tx = Sender::new(sock, EngineKind::Copy).unwrap();
+    let mut batch: VecDeque<Vec<u8>> = (0..96).map(|i| vec![i as u8; 100 + 37 * i]).collect();
+    tx.send_batch(&mut batch).unwrap();
+    let (released, stats) = finish(tx);
+    assert_eq!(released.len(), 96);
+    let mut buf = vec![0u8; 65536];
+    for i in 0..96 {
+        let n = rx.recv(&mut buf).unwrap();
+        assert_eq!(n, 100 + 37 * i, "datagram {i}");
+        assert!(buf[..n].iter().all(|&b| b == i as u8), "datagram {i}");
+    }
+    eprintln!(
+        "datagrams: {} in {} system calls",
+        stats.sends, stats.syscalls
+    );
+    assert!(stats.syscalls <= 4, "not gathered: {stats:?}");
+}
+
 /// A stream keeps one request in flight, which never fills a batch: inside `send_batch` each
 /// next request is entered as soon as the one before it completed, as with `send`, not held
 /// back until the queue fills and the sender has to wait (`Stats::would_block`).

@@ -12,6 +12,15 @@
 //! 3. The error queue is read without blocking; completion ranges go to the ledger, which returns
 //!    buffers whose every id completed. Copy sends release at once.
 //!
+//! A batch ([`Engine::try_send_batch`]) on `copy` goes [`sys::GATHER_MAX`] buffers per system
+//! call: on a stream as one `sendmsg` of their bytes in order (what `writev` does, and what the
+//! io_uring engines' byte-stream batch does), elsewhere as one `sendmmsg`, a datagram per buffer.
+//! A stream that takes part of the write releases the buffers it took whole, and the one it cut
+//! finishes as a lone send's would (the head). `sendmmsg` drops the error of a datagram that
+//! failed after others went: the next call starts at that one and learns it, so the error is that
+//! buffer's, as with one call per buffer. `msg-zc` sends a batch one call per buffer: one id per
+//! buffer is what lets each come back as soon as its own pages are free.
+//!
 //! # Which calls take an id ([`IdRule`])
 //! The kernel's per-socket counter moves differently per protocol (KERNEL.md), and the ledger
 //! must follow it exactly: one id too few releases a buffer on its predecessor's completion.
@@ -46,7 +55,7 @@
 //!   engine follows the same rule).
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSlice};
 
 use socket2::SockAddr;
 
@@ -56,12 +65,13 @@ use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::{send_each, Engine, EngineKind};
+use crate::engine::{send_each, Engine, EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
 use crate::ledger::{Done, Ledger, SlotId};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
+use smallvec::SmallVec;
 
 /// Room for several messages' worth of control data; a completion needs 48 bytes.
 const CONTROL_LEN: usize = 512;
@@ -435,7 +445,23 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 n
             }
         };
-        // A stream took part of it: the rest goes by the record, now or at the next progress.
+        self.finish_partial(sock, buf, sent, dest, started, reason, out);
+        Ok(())
+    }
+
+    /// A stream took the first `sent` bytes of `buf`: the rest goes by a record, now or (as the
+    /// head) at the next progress.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_partial(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        sent: usize,
+        dest: Option<SockAddr>,
+        started: Option<std::time::Instant>,
+        reason: Option<CopyReason>,
+        out: &mut Vec<Released<B>>,
+    ) {
         let mut rec = Record::new(buf, dest, started);
         rec.copy = reason;
         rec.sent = sent;
@@ -456,7 +482,99 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 rec.release(self.zerocopy, &mut self.stats, out);
             }
         }
-        Ok(())
+    }
+
+    /// `copy`'s [`Engine::try_send_batch`]: up to [`sys::GATHER_MAX`] buffers per system call, as
+    /// one write on a stream ([`sys::send_gather`]) or one datagram each ([`sys::send_datagrams`]).
+    /// Every buffer the kernel took whole is released at once; one a stream took part of finishes
+    /// as [`try_send_copy`](Self::try_send_copy)'s would. The rules are [`send_each`]'s: a failure
+    /// is the front buffer's (the kernel took the buffers before it), the rest stay in `bufs`.
+    fn send_gathered(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        let mut accepted = 0;
+        loop {
+            let n = bufs
+                .iter()
+                .take(sys::GATHER_MAX)
+                .take_while(|b| !b.as_bytes().is_empty())
+                .count();
+            if n < 2 || self.head.is_some() || self.broken.is_some() {
+                // One buffer (or an empty one), or what `send_one` handles first.
+                let Some(buf) = bufs.pop_front() else {
+                    return Ok(accepted);
+                };
+                if buf.as_bytes().is_empty() {
+                    return Err(SendError::Invalid {
+                        buf,
+                        reason: EMPTY_BUFFER,
+                    });
+                }
+                match self.send_one(sock, buf, None, out) {
+                    Ok(()) => accepted += 1,
+                    Err(SendError::WouldBlock(buf)) => {
+                        bufs.push_front(buf);
+                        return Ok(accepted);
+                    }
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
+            let slices: SmallVec<[IoSlice<'_>; sys::GATHER_MAX]> = bufs
+                .iter()
+                .take(n)
+                .map(|b| IoSlice::new(b.as_bytes()))
+                .collect();
+            self.stats.syscalls += 1;
+            let result = if self.stream {
+                sys::send_gather(sock.fd(), &slices)
+            } else {
+                // Datagrams go whole: count the bytes of those that went.
+                sys::send_datagrams(sock.fd(), &slices)
+                    .map(|k| slices[..k].iter().map(|s| s.len()).sum())
+            };
+            drop(slices);
+            let mut taken = match result {
+                Ok(taken) => taken,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.waiting = Wait::Writable;
+                    self.stats.would_block += 1;
+                    return Ok(accepted);
+                }
+                Err(error) => {
+                    let buf = bufs.pop_front().expect("n >= 2 buffers offered");
+                    return Err(SendError::Io { buf, error });
+                }
+            };
+            if taken == 0 {
+                // No byte and no error (a stream should not answer so): as if full.
+                self.waiting = Wait::Writable;
+                self.stats.would_block += 1;
+                return Ok(accepted);
+            }
+            self.stats.bytes += taken as u64;
+            self.waiting = Wait::Nothing;
+            let path = policy::release_path(self.zerocopy, None, false);
+            while taken > 0 {
+                let buf = bufs
+                    .pop_front()
+                    .expect("the kernel took no more than offered");
+                let len = buf.as_bytes().len();
+                let started = self.latency.next();
+                self.stats.sends += 1;
+                accepted += 1;
+                if taken >= len {
+                    taken -= len;
+                    Record::release_whole(buf, path, started, &mut self.stats, out);
+                } else {
+                    self.finish_partial(sock, buf, taken, None, started, None, out);
+                    taken = 0;
+                }
+            }
+        }
     }
 
     fn broken_error(&self) -> Option<io::Error> {
@@ -579,6 +697,9 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
+        if !self.zerocopy {
+            return self.send_gathered(sock, bufs, out);
+        }
         send_each(bufs, |buf| self.send_one(sock, buf, None, out))
     }
 
