@@ -41,6 +41,7 @@ pub struct SlotId(usize);
 
 /// A free slot of a [`Ledger`], from [`Ledger::free_item`].
 #[derive(Debug)]
+#[must_use = "a refilled item is held only once insert_refilled takes its slot"]
 pub struct FreeSlot(usize);
 
 /// How a settled item's ids went.

@@ -576,8 +576,9 @@ impl<B: SendBuf> Sender<B> {
     /// fails, the next call reports it). Buffers beyond the ring's requests in flight
     /// ([`UringConfig::entries`]) wait in the sender's queue for room, as with `send`: the next
     /// `reap` or wait moves them. A stream keeps one request in flight, batched from the queue as
-    /// with `send`. For `copy` and `msg-zc` it is `send` in a loop (each is its own system call
-    /// either way).
+    /// with `send`. `copy` on a byte stream (TCP, AF_UNIX, vsock) writes up to 32 buffers per
+    /// system call, their bytes in order; on other sockets, and with `msg-zc`, each buffer is its
+    /// own system call.
     ///
     /// This is the call for throughput on io_uring: where completions come back at once (a send
     /// that drops or copies its data, measured into the black hole), a `send` loop finds nothing

@@ -135,13 +135,7 @@ fn fd_reuse_child() {
     let mut b = Sender::with_config(b_sock, shared(EngineKind::Uring, &ring)).unwrap();
     b.try_send(vec![0xBB; 4 * MIB]).unwrap();
     // D keeps using the ring afterwards; its reader is running before A closes.
-    let (d_sock, d_peer) = tcp_pair(
-        false,
-        Peer {
-            verify: true,
-            ..Peer::default()
-        },
-    );
+    let (d_sock, d_peer) = tcp_pair(false, Peer::checking());
     let mut d = Sender::with_config(d_sock, shared(EngineKind::Uring, &ring)).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let mut others = Vec::new();
@@ -223,13 +217,7 @@ fn closing_senders_with_parked_requests_gives_the_ring_its_room_back() {
         );
     }
     // A sender with a reading peer still gets every buffer through.
-    let (sock, peer) = tcp_pair(
-        false,
-        Peer {
-            verify: true,
-            ..Peer::default()
-        },
-    );
+    let (sock, peer) = tcp_pair(false, Peer::checking());
     let mut s = Sender::with_config(sock, shared(EngineKind::Uring, &ring)).unwrap();
     for i in 0..16u64 {
         s.send(patterned(64 * KIB, i * 64 * KIB as u64)).unwrap();
@@ -293,13 +281,7 @@ fn sqes_after_one_that_fails_preparation_are_still_submitted() {
 #[test]
 fn readiness_after_a_failed_submit_is_ready_at_once() {
     for kind in [EngineKind::Uring, EngineKind::UringZc] {
-        let (client, peer) = tcp_pair(
-            false,
-            Peer {
-                verify: true,
-                ..Peer::default()
-            },
-        );
+        let (client, peer) = tcp_pair(false, Peer::checking());
         let mut tx = Sender::new(client, kind).unwrap();
         let fail_once = Faults {
             failed_enters: 1,

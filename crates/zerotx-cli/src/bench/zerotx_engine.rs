@@ -7,8 +7,8 @@
 //! loop does (`raw-uring-zc-fixed` enters every 32 pushes) and liburing's example does (8 per
 //! submit). A plain `send` loop would also enter for the first send after each reap, which finds
 //! nothing in flight where completions come back at once (the black hole). `copy` sends a batch
-//! in one `sendmsg` on a stream (the buffers' bytes in order) and one `sendmmsg` of datagrams
-//! elsewhere; `msg-zc` sends it one call per buffer.
+//! in one `sendmsg` on a stream (the buffers' bytes in order); datagrams, and `msg-zc`, go one
+//! call per buffer.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;

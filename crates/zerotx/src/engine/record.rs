@@ -275,4 +275,18 @@ impl LatencySampler {
         self.count = self.count.wrapping_add(1);
         sample.then(Instant::now)
     }
+
+    /// Whether one of the next `n` sends is sampled: a batch's one clock read before its call.
+    pub(crate) fn due_within(&self, n: usize) -> bool {
+        let r = self.count % Self::EVERY;
+        r == 0 || ((Self::EVERY - r) as usize) < n
+    }
+
+    /// As [`next`](Self::next), with `now` (read before the call, see
+    /// [`due_within`](Self::due_within)) as the start time if there is one.
+    pub(crate) fn next_at(&mut self, now: Option<Instant>) -> Option<Instant> {
+        let sample = self.count % Self::EVERY == 0;
+        self.count = self.count.wrapping_add(1);
+        sample.then(|| now.unwrap_or_else(Instant::now))
+    }
 }

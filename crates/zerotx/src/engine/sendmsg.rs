@@ -12,14 +12,15 @@
 //! 3. The error queue is read without blocking; completion ranges go to the ledger, which returns
 //!    buffers whose every id completed. Copy sends release at once.
 //!
-//! A batch ([`Engine::try_send_batch`]) on `copy` goes [`sys::GATHER_MAX`] buffers per system
-//! call: on a stream as one `sendmsg` of their bytes in order (what `writev` does, and what the
-//! io_uring engines' byte-stream batch does), elsewhere as one `sendmmsg`, a datagram per buffer.
-//! A stream that takes part of the write releases the buffers it took whole, and the one it cut
-//! finishes as a lone send's would (the head). `sendmmsg` drops the error of a datagram that
-//! failed after others went: the next call starts at that one and learns it, so the error is that
-//! buffer's, as with one call per buffer. `msg-zc` sends a batch one call per buffer: one id per
-//! buffer is what lets each come back as soon as its own pages are free.
+//! A batch ([`Engine::try_send_batch`]) on `copy` over a byte stream goes [`sys::GATHER_MAX`]
+//! buffers per system call, one `sendmsg` of their bytes in order (what `writev` does, and what
+//! the io_uring engines' byte-stream batch does). A stream that takes part of the write releases
+//! the buffers it took whole, and the one it cut finishes as a lone send's would (the head).
+//! Datagrams go one call each: `sendmmsg` returns how many went and drops the error of the one
+//! that failed after them, and an error the socket held (an ICMP port unreachable's
+//! `ECONNREFUSED`, taken by the first datagram that meets it) would be gone for good; the bench
+//! measured no gain from it into the black hole either. `msg-zc` sends one call per buffer: one
+//! id per buffer is what lets each come back as soon as its own pages are free.
 //!
 //! # Which calls take an id ([`IdRule`])
 //! The kernel's per-socket counter moves differently per protocol (KERNEL.md), and the ledger
@@ -103,6 +104,8 @@ pub(crate) struct SendmsgEngine<B> {
     clock: EpochClock,
     rule: IdRule,
     stream: bool,
+    /// A stream without message boundaries (not SCTP): a batch's buffers may go in one write.
+    byte_stream: bool,
     /// The socket has an error queue worth draining (see `has_error_queue`).
     errqueue: bool,
     /// `copy`: progress calls since the error queue was last read (see
@@ -149,6 +152,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             clock: EpochClock::default(),
             rule,
             stream: sock.kind.is_stream(),
+            byte_stream: sock.kind.is_byte_stream(),
             errqueue: has_error_queue(sock, zerocopy),
             quiet: 0,
             mtu: PathMtu::new(sock),
@@ -484,11 +488,11 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
-    /// `copy`'s [`Engine::try_send_batch`]: up to [`sys::GATHER_MAX`] buffers per system call, as
-    /// one write on a stream ([`sys::send_gather`]) or one datagram each ([`sys::send_datagrams`]).
-    /// Every buffer the kernel took whole is released at once; one a stream took part of finishes
-    /// as [`try_send_copy`](Self::try_send_copy)'s would. The rules are [`send_each`]'s: a failure
-    /// is the front buffer's (the kernel took the buffers before it), the rest stay in `bufs`.
+    /// `copy`'s [`Engine::try_send_batch`] on a byte stream: up to [`sys::GATHER_MAX`] buffers per
+    /// system call, as one write ([`sys::send_gather`]). Every buffer the kernel took whole is
+    /// released at once; the one it cut finishes as [`try_send_copy`](Self::try_send_copy)'s
+    /// would. The rules are [`send_each`]'s: a failure is the front buffer's (the kernel took the
+    /// buffers before it), the rest stay in `bufs`.
     fn send_gathered(
         &mut self,
         sock: &Socket,
@@ -497,10 +501,17 @@ impl<B: SendBuf> SendmsgEngine<B> {
     ) -> Result<usize, SendError<B>> {
         let mut accepted = 0;
         loop {
+            // A run of non-empty buffers within the count and byte caps; a buffer larger than the
+            // byte cap goes alone.
+            let mut total = 0;
             let n = bufs
                 .iter()
                 .take(sys::GATHER_MAX)
-                .take_while(|b| !b.as_bytes().is_empty())
+                .take_while(|b| {
+                    let len = b.as_bytes().len();
+                    total += len;
+                    len > 0 && total <= sys::GATHER_BYTES
+                })
                 .count();
             if n < 2 || self.head.is_some() || self.broken.is_some() {
                 // One buffer (or an empty one), or what `send_one` handles first.
@@ -528,14 +539,11 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 .take(n)
                 .map(|b| IoSlice::new(b.as_bytes()))
                 .collect();
+            // One clock read before the call, if any of these buffers is one the sampler times:
+            // their latency runs from the call, as a lone send's does.
+            let now = self.latency.due_within(n).then(std::time::Instant::now);
             self.stats.syscalls += 1;
-            let result = if self.stream {
-                sys::send_gather(sock.fd(), &slices)
-            } else {
-                // Datagrams go whole: count the bytes of those that went.
-                sys::send_datagrams(sock.fd(), &slices)
-                    .map(|k| slices[..k].iter().map(|s| s.len()).sum())
-            };
+            let result = sys::send_gather(sock.fd(), &slices);
             drop(slices);
             let mut taken = match result {
                 Ok(taken) => taken,
@@ -563,7 +571,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     .pop_front()
                     .expect("the kernel took no more than offered");
                 let len = buf.as_bytes().len();
-                let started = self.latency.next();
+                let started = self.latency.next_at(now);
                 self.stats.sends += 1;
                 accepted += 1;
                 if taken >= len {
@@ -697,7 +705,7 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        if !self.zerocopy {
+        if !self.zerocopy && self.byte_stream {
             return self.send_gathered(sock, bufs, out);
         }
         send_each(bufs, |buf| self.send_one(sock, buf, None, out))

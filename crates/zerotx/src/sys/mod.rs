@@ -181,8 +181,14 @@ pub fn send_to(
     })
 }
 
-/// How many buffers [`send_gather`] and [`send_datagrams`] take per call, at most.
+/// How many buffers [`send_gather`] takes per call, at most.
 pub const GATHER_MAX: usize = 32;
+
+/// How many bytes the engines hand [`send_gather`] per call, at most. Gathering pays for small
+/// buffers, whose per-call cost it shares; at 1 MiB buffers a gathered write of many MiB measured
+/// 0.92-0.95x a call per buffer over TCP loopback (the kernel takes a few MiB and the sender waits
+/// for room with most of the batch still pending).
+pub const GATHER_BYTES: usize = 1 << 20;
 
 /// `sendmsg(2)` of several buffers as one write on a connected stream socket (`MSG_DONTWAIT`,
 /// `MSG_NOSIGNAL`): the kernel takes a prefix of their bytes in order, like `writev(2)`. Returns
@@ -195,28 +201,6 @@ pub fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Res
     retry(|| {
         let mut control = rustix::net::SendAncillaryBuffer::default();
         rustix::net::sendmsg(fd, bufs, &mut control, flags)
-            .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
-    })
-}
-
-/// `sendmmsg(2)`: each buffer one datagram (or packet, or record) to the connected peer
-/// (`MSG_DONTWAIT`, `MSG_NOSIGNAL`). Returns how many went, a prefix of `bufs`; an error only if
-/// the first failed. The kernel drops the error of a later one that failed (sendmmsg(2)): the
-/// caller sends from that one again, and learns it then. At most [`GATHER_MAX`] buffers.
-#[inline(always)]
-pub fn send_datagrams(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
-    debug_assert!(bufs.len() <= GATHER_MAX);
-    let flags =
-        rustix::net::SendFlags::from_bits_retain((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32);
-    let mut controls: [rustix::net::SendAncillaryBuffer<'_, '_, '_>; GATHER_MAX] =
-        std::array::from_fn(|_| Default::default());
-    let mut msgs: smallvec::SmallVec<[rustix::net::MMsgHdr<'_>; GATHER_MAX]> = bufs
-        .iter()
-        .zip(controls.iter_mut())
-        .map(|(buf, control)| rustix::net::MMsgHdr::new(std::slice::from_ref(buf), control))
-        .collect();
-    retry(|| {
-        rustix::net::sendmmsg(fd, &mut msgs, flags)
             .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
     })
 }

@@ -100,6 +100,14 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// A reader that checks every byte against [`pattern`], as fast as it can.
+    pub fn checking() -> Self {
+        Self {
+            verify: true,
+            ..Self::default()
+        }
+    }
+
     /// A reader that checks every byte and keeps the sender's socket buffer full: it sleeps
     /// `pause` between reads, with a receive buffer of `rcvbuf` bytes.
     pub fn slow(pause: Duration, rcvbuf: usize) -> Self {
