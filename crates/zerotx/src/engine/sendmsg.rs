@@ -12,9 +12,10 @@
 //! 3. The error queue is read without blocking; completion ranges go to the ledger, which returns
 //!    buffers whose every id completed. Copy sends release at once.
 //!
-//! A batch ([`Engine::try_send_batch`]) on `copy` over a byte stream goes [`sys::GATHER_MAX`]
-//! buffers per system call, one `sendmsg` of their bytes in order (what `writev` does, and what
-//! the io_uring engines' byte-stream batch does). A stream that takes part of the write releases
+//! A batch ([`Engine::try_send_batch`]) on `copy` over a byte stream goes up to
+//! [`sys::GATHER_MAX`] buffers and [`sys::GATHER_BYTES`] bytes per system call, one `sendmsg` of
+//! their bytes in order (what `writev` does, and what the io_uring engines' byte-stream batch
+//! does). A stream that takes part of the write releases
 //! the buffers it took whole, and the one it cut finishes as a lone send's would (the head).
 //! Datagrams go one call each: `sendmmsg` returns how many went and drops the error of the one
 //! that failed after them, and an error the socket held (an ICMP port unreachable's
@@ -488,8 +489,8 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
-    /// `copy`'s [`Engine::try_send_batch`] on a byte stream: up to [`sys::GATHER_MAX`] buffers per
-    /// system call, as one write ([`sys::send_gather`]). Every buffer the kernel took whole is
+    /// `copy`'s [`Engine::try_send_batch`] on a byte stream: up to [`sys::GATHER_MAX`] buffers and
+    /// [`sys::GATHER_BYTES`] bytes per system call, as one write ([`sys::send_gather`]). Every buffer the kernel took whole is
     /// released at once; the one it cut finishes as [`try_send_copy`](Self::try_send_copy)'s
     /// would. The rules are [`send_each`]'s: a failure is the front buffer's (the kernel took the
     /// buffers before it), the rest stay in `bufs`.
