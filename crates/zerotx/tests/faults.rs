@@ -219,7 +219,8 @@ fn a_refused_datagram_in_a_batch_is_reported_not_swallowed() {
     drop(closed);
     for &kind in util::engines() {
         let sock = connected_udp(dest);
-        let fd = sock.as_raw_fd();
+        // The same socket, to clear its pending error (SO_ERROR) while the sender holds it.
+        let probe = sock.try_clone().unwrap();
         let mut tx = Sender::new(sock, kind).unwrap();
         let (mut offered, mut released, mut errors, mut handed_back) = (0, 0, 0, 0);
         let mut out = Vec::new();
@@ -228,19 +229,7 @@ fn a_refused_datagram_in_a_batch_is_reported_not_swallowed() {
         // until one does, each starting with the socket's pending error cleared (SO_ERROR), so
         // that only an error met inside a batch counts. `sendmmsg` swallowed every such error.
         for _ in 0..50 {
-            let mut pending: libc::c_int = 0;
-            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-            // SAFETY: getsockopt writes one c_int into a live local of the length given.
-            let rc = unsafe {
-                libc::getsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_ERROR,
-                    (&mut pending as *mut libc::c_int).cast(),
-                    &mut len,
-                )
-            };
-            assert_eq!(rc, 0);
+            probe.take_error().unwrap();
             let mut batch: VecDeque<Vec<u8>> = (0..8).map(|i| vec![i; 100]).collect();
             offered += batch.len();
             match tx.send_batch(&mut batch) {
@@ -749,28 +738,48 @@ fn a_socket_that_already_sent_zero_copy_is_refused_unless_told_its_next_id() {
     assert_eq!((got.bytes, got.mismatches), (offset, 0));
 }
 
+/// A UDP socket connected to `sink` that queues a software TX timestamp on its error queue for
+/// every datagram it sends (`SO_TIMESTAMPING`): messages there that are not completions.
+fn udp_with_tx_timestamps(sink: &std::net::UdpSocket) -> std::net::UdpSocket {
+    const SO_TIMESTAMPING: libc::c_int = 37;
+    const TX_SOFTWARE_AND_REPORT: libc::c_int = (1 << 1) | (1 << 4);
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(sink.local_addr().unwrap()).unwrap();
+    // SAFETY: setsockopt reads one c_int from a live constant.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_TIMESTAMPING,
+            (&TX_SOFTWARE_AND_REPORT as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(rc, 0);
+    sock
+}
+
+/// The events `fd` reports right now without asking for any (POLLERR, POLLHUP): 0 if none.
+fn unasked_events(fd: std::os::fd::RawFd) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events: 0,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    assert!(n >= 0, "poll: {}", std::io::Error::last_os_error());
+    p.revents
+}
+
 /// Defect 11: messages on the error queue that are not completions (TX timestamps here, ICMP
 /// errors with `IP_RECVERR`) keep POLLERR up until read. A reap must read them even with no id in
 /// flight, or a caller's poll loop spins.
 #[test]
 fn error_queue_messages_that_are_not_completions_are_drained() {
-    const SO_TIMESTAMPING: libc::c_int = 37;
-    const TX_SOFTWARE_AND_REPORT: libc::c_int = (1 << 1) | (1 << 4);
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     for &kind in util::engines() {
-        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        sock.connect(sink.local_addr().unwrap()).unwrap();
-        // SAFETY: setsockopt reads one c_int from a live constant.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_TIMESTAMPING,
-                (&TX_SOFTWARE_AND_REPORT as *const libc::c_int).cast(),
-                4,
-            )
-        };
-        assert_eq!(rc, 0);
+        let sock = udp_with_tx_timestamps(&sink);
         let mut tx = Sender::new(sock, kind).unwrap();
         for _ in 0..4 {
             tx.send(vec![1u8; 1000]).unwrap();
@@ -779,19 +788,11 @@ fn error_queue_messages_that_are_not_completions_are_drained() {
         std::thread::sleep(Duration::from_millis(20));
         let mut out = Vec::new();
         tx.reap(&mut out).unwrap();
-        let fd = tx.readiness().fd;
-        let mut p = libc::pollfd {
-            fd,
-            events: 0,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        let revents = unasked_events(tx.readiness().fd);
         assert_eq!(
-            n,
+            revents,
             0,
-            "{kind}: POLLERR still up after a reap (revents {:#x}): a poll loop would spin; {:?}",
-            p.revents,
+            "{kind}: POLLERR still up after a reap (revents {revents:#x}): a poll loop would spin; {:?}",
             tx.stats()
         );
         assert_eq!(out.len(), 4);
@@ -809,33 +810,11 @@ fn error_queue_messages_that_are_not_completions_are_drained() {
 /// reaps, not never.
 #[test]
 fn copy_drains_its_error_queue_within_sixteen_reaps_without_a_readiness() {
-    const SO_TIMESTAMPING: libc::c_int = 37;
-    const TX_SOFTWARE_AND_REPORT: libc::c_int = (1 << 1) | (1 << 4);
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.connect(sink.local_addr().unwrap()).unwrap();
+    let sock = udp_with_tx_timestamps(&sink);
     let fd = sock.as_raw_fd();
-    // SAFETY: setsockopt reads one c_int from a live constant.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            SO_TIMESTAMPING,
-            (&TX_SOFTWARE_AND_REPORT as *const libc::c_int).cast(),
-            4,
-        )
-    };
-    assert_eq!(rc, 0);
     let mut tx = Sender::new(sock, EngineKind::Copy).unwrap();
-    let pollerr = || {
-        let mut p = libc::pollfd {
-            fd,
-            events: 0,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, 0) == 1 }
-    };
+    let pollerr = || unasked_events(fd) != 0;
     let mut out = Vec::new();
     for _ in 0..4 {
         tx.try_send(vec![1u8; 1000]).unwrap();

@@ -115,31 +115,45 @@ impl FromStr for EngineKind {
 pub(crate) const EMPTY_BUFFER: &str = "zero-length buffer: there is nothing to send";
 
 /// The loop of [`Engine::try_send_batch`]: hands `send` each buffer from the front of `bufs`
-/// (refusing an empty one, the one check a batch needs per buffer) until one is handed back (it
-/// goes back to the front) or fails; returns how many it accepted.
+/// ([`send_front`]) until one is handed back or fails; returns how many it accepted.
 #[inline(always)]
 pub(crate) fn send_each<B: SendBuf>(
     bufs: &mut VecDeque<B>,
     mut send: impl FnMut(B) -> Result<(), SendError<B>>,
 ) -> Result<usize, SendError<B>> {
     let mut accepted = 0;
-    while let Some(buf) = bufs.pop_front() {
-        if buf.as_bytes().is_empty() {
-            return Err(SendError::Invalid {
-                buf,
-                reason: EMPTY_BUFFER,
-            });
-        }
-        match send(buf) {
-            Ok(()) => accepted += 1,
-            Err(SendError::WouldBlock(buf)) => {
-                bufs.push_front(buf);
-                break;
-            }
-            Err(e) => return Err(e),
-        }
+    while send_front(bufs, &mut send)? {
+        accepted += 1;
     }
     Ok(accepted)
+}
+
+/// One step of a batch: hands `send` the buffer at the front of `bufs`, refusing an empty one
+/// (the one check a batch needs per buffer). `Ok(true)`: accepted; `Ok(false)`: `bufs` is empty,
+/// or `send` handed the buffer back and it is at the front again; `Err`: it failed, and comes
+/// back in the error.
+#[inline(always)]
+pub(crate) fn send_front<B: SendBuf>(
+    bufs: &mut VecDeque<B>,
+    send: impl FnOnce(B) -> Result<(), SendError<B>>,
+) -> Result<bool, SendError<B>> {
+    let Some(buf) = bufs.pop_front() else {
+        return Ok(false);
+    };
+    if buf.as_bytes().is_empty() {
+        return Err(SendError::Invalid {
+            buf,
+            reason: EMPTY_BUFFER,
+        });
+    }
+    match send(buf) {
+        Ok(()) => Ok(true),
+        Err(SendError::WouldBlock(buf)) => {
+            bufs.push_front(buf);
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// One way of sending. The sender validates input (and [`Engine::try_send_batch`] each buffer's

@@ -271,9 +271,7 @@ impl LatencySampler {
 
     /// The start time of the next send, if it is one of the sampled.
     pub(crate) fn next(&mut self) -> Option<Instant> {
-        let sample = self.count % Self::EVERY == 0;
-        self.count = self.count.wrapping_add(1);
-        sample.then(Instant::now)
+        self.next_at(None)
     }
 
     /// Whether one of the next `n` sends is sampled: a batch's one clock read before its call.

@@ -67,7 +67,7 @@ use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::{send_each, Engine, EngineKind, EMPTY_BUFFER};
+use crate::engine::{send_each, send_front, Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
 use crate::ledger::{Done, Ledger, SlotId};
 use crate::report::{CopyReason, Readiness, Released, Stats};
@@ -505,46 +505,35 @@ impl<B: SendBuf> SendmsgEngine<B> {
             // A run of non-empty buffers within the count and byte caps; a buffer larger than the
             // byte cap goes alone.
             let mut total = 0;
-            let n = bufs
-                .iter()
-                .take(sys::GATHER_MAX)
-                .take_while(|b| {
-                    let len = b.as_bytes().len();
-                    total += len;
-                    len > 0 && total <= sys::GATHER_BYTES
-                })
-                .count();
-            if n < 2 || self.head.is_some() || self.broken.is_some() {
-                // One buffer (or an empty one), or what `send_one` handles first.
-                let Some(buf) = bufs.pop_front() else {
-                    return Ok(accepted);
-                };
-                if buf.as_bytes().is_empty() {
-                    return Err(SendError::Invalid {
-                        buf,
-                        reason: EMPTY_BUFFER,
-                    });
-                }
-                match self.send_one(sock, buf, None, out) {
-                    Ok(()) => accepted += 1,
-                    Err(SendError::WouldBlock(buf)) => {
-                        bufs.push_front(buf);
-                        return Ok(accepted);
-                    }
-                    Err(e) => return Err(e),
-                }
-                continue;
-            }
             let slices: SmallVec<[IoSlice<'_>; sys::GATHER_MAX]> = bufs
                 .iter()
-                .take(n)
-                .map(|b| IoSlice::new(b.as_bytes()))
+                .take(sys::GATHER_MAX)
+                .map(|b| b.as_bytes())
+                .take_while(|b| {
+                    total += b.len();
+                    !b.is_empty() && total <= sys::GATHER_BYTES
+                })
+                .map(IoSlice::new)
                 .collect();
+            let n = slices.len();
+            if n < 2 || self.head.is_some() || self.broken.is_some() {
+                // One buffer (or an empty one), or what `send_one` handles first.
+                drop(slices);
+                if !send_front(bufs, |buf| self.send_one(sock, buf, None, out))? {
+                    return Ok(accepted);
+                }
+                accepted += 1;
+                continue;
+            }
             // One clock read before the call, if any of these buffers is one the sampler times:
             // their latency runs from the call, as a lone send's does.
             let now = self.latency.due_within(n).then(std::time::Instant::now);
             self.stats.syscalls += 1;
-            let result = sys::send_gather(sock.fd(), &slices);
+            // No byte and no error (a stream should not answer so) counts as full.
+            let result = sys::send_gather(sock.fd(), &slices).and_then(|taken| match taken {
+                0 => Err(io::ErrorKind::WouldBlock.into()),
+                taken => Ok(taken),
+            });
             drop(slices);
             let mut taken = match result {
                 Ok(taken) => taken,
@@ -558,12 +547,6 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     return Err(SendError::Io { buf, error });
                 }
             };
-            if taken == 0 {
-                // No byte and no error (a stream should not answer so): as if full.
-                self.waiting = Wait::Writable;
-                self.stats.would_block += 1;
-                return Ok(accepted);
-            }
             self.stats.bytes += taken as u64;
             self.waiting = Wait::Nothing;
             let path = policy::release_path(self.zerocopy, None, false);
