@@ -575,10 +575,12 @@ impl<B: SendBuf> Sender<B> {
     /// batch left in the submission queue is entered before it returns (if `io_uring_enter`
     /// fails, the next call reports it). Buffers beyond the ring's requests in flight
     /// ([`UringConfig::entries`]) wait in the sender's queue for room, as with `send`: the next
-    /// `reap` or wait moves them. A stream keeps one request in flight, batched from the queue as
-    /// with `send`. `copy` on a byte stream (TCP, AF_UNIX, vsock) writes up to 32 buffers per
-    /// system call, their bytes in order; on other sockets, and with `msg-zc`, each buffer is its
-    /// own system call.
+    /// `reap` or wait moves them. A stream keeps one request in flight, batched from the queue
+    /// (the whole batch enters the queue first, so the first request carries up to `batch`
+    /// buffers). `copy` on a byte stream (TCP, AF_UNIX, vsock) writes up to 32 buffers per system
+    /// call, their bytes in order, and so does `auto` with the buffers under 16 KiB it copies on
+    /// io_uring while none of the stream's requests is out; on other sockets, and with `msg-zc`,
+    /// each buffer is its own system call.
     ///
     /// This is the call for throughput on io_uring: where completions come back at once (a send
     /// that drops or copies its data, measured into the black hole), a `send` loop finds nothing

@@ -489,6 +489,18 @@ impl Guarded {
     }
 }
 
+/// Four stream buffers in a row, `a`, `b`, `c` and 4096 bytes of the pattern: the third is followed
+/// by a page the kernel faults on (`EFAULT`) after its `c` bytes.
+fn faulting_batch(a: usize, b: usize, c: usize) -> VecDeque<Guarded> {
+    [
+        Guarded::new(a, 0, false),
+        Guarded::new(b, a as u64, false),
+        Guarded::new(c, (a + b) as u64, true),
+        Guarded::new(4096, (a + b + c) as u64, false),
+    ]
+    .into()
+}
+
 /// `copy` writes a stream batch as one `sendmsg` of several buffers. A fault in the third (the
 /// kernel copies up to its unreadable page and returns what it took of the batch): the two
 /// before it come back whole; the faulting one either comes back with EFAULT and the bytes it
@@ -500,13 +512,7 @@ fn a_fault_inside_a_gathered_stream_batch_is_that_buffers_alone() {
     let (client, peer) = tcp_pair(false, Peer::checking());
     let mut tx = Sender::new(client, EngineKind::Copy).unwrap();
     let (a, b, c) = (8192, 12288, 256 * 1024);
-    let mut batch: VecDeque<Guarded> = [
-        Guarded::new(a, 0, false),
-        Guarded::new(b, a as u64, false),
-        Guarded::new(c, (a + b) as u64, true),
-        Guarded::new(4096, (a + b + c) as u64, false),
-    ]
-    .into();
+    let mut batch = faulting_batch(a, b, c);
     let result = tx.send_batch(&mut batch);
     let mut out = Vec::new();
     tx.flush(Duration::from_secs(10)).unwrap();
@@ -549,6 +555,65 @@ fn a_fault_inside_a_gathered_stream_batch_is_that_buffers_alone() {
     assert_eq!(
         (got.bytes, got.mismatches),
         ((a + b + sent) as u64, 0),
+        "the peer must see exactly what the reports name"
+    );
+}
+
+/// `auto` writes a run of small copies on a stream with one `sendmsg` (see `policy::write_now`).
+/// A fault inside that run: the buffers before it are released whole, the faulting one with
+/// `EFAULT` and what of it went, and the stream ends there (the one after it comes back with the
+/// error, and so does a later send), as when a request fails; the peer sees exactly what the
+/// reports name.
+#[test]
+fn a_fault_inside_autos_written_run_ends_the_stream_there() {
+    let (client, peer) = tcp_pair(false, Peer::checking());
+    let mut tx = Sender::new(client, EngineKind::Auto).unwrap();
+    let (a, b, c) = (8192, 12288, 256 * 1024);
+    let mut batch = faulting_batch(a, b, c);
+    tx.send_batch(&mut batch)
+        .expect("accepted: a request's failure comes with its release");
+    let mut out = Vec::new();
+    tx.flush(Duration::from_secs(10)).unwrap();
+    tx.reap(&mut out).unwrap();
+    let stats = tx.stats();
+    let after = tx.send(Guarded::new(4096, 0, false));
+    assert!(
+        matches!(&after, Err(SendError::Io { error, .. }) if error.raw_os_error() == Some(libc::EFAULT)),
+        "nothing may follow the gap: {after:?}"
+    );
+    drop(tx.close(Duration::from_secs(1)));
+    let got = peer.join().unwrap();
+    // Released in any order (the failed request's record after the queue it ended); the
+    // lengths tell the four apart.
+    let order = [a, b, c + 4096, 4096];
+    out.sort_by_key(|r| order.iter().position(|&n| n == r.buf.len));
+    let lens: Vec<usize> = out.iter().map(|r| r.buf.len).collect();
+    assert_eq!(
+        lens,
+        [a, b, c + 4096, 4096],
+        "each buffer back once: {stats:?}"
+    );
+    for r in &out[..2] {
+        assert!(
+            r.report.error.is_none() && r.report.bytes == r.buf.len,
+            "{:?}",
+            r.report
+        );
+    }
+    let faulted = &out[2].report;
+    let errno = |r: &zerotx::Report| r.error.as_ref().and_then(|e| e.raw_os_error());
+    assert_eq!(errno(faulted), Some(libc::EFAULT), "{faulted:?}");
+    assert!(faulted.bytes <= c, "{faulted:?}");
+    assert_eq!(
+        errno(&out[3].report),
+        Some(libc::EFAULT),
+        "{:?}",
+        out[3].report
+    );
+    assert_eq!(out[3].report.bytes, 0);
+    assert_eq!(
+        (got.bytes, got.mismatches),
+        ((a + b + faulted.bytes) as u64, 0),
         "the peer must see exactly what the reports name"
     );
 }

@@ -57,7 +57,7 @@
 //!   engine follows the same rule).
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice};
+use std::io;
 
 use socket2::SockAddr;
 
@@ -73,7 +73,6 @@ use crate::ledger::{Done, Ledger, SlotId};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, Socket};
 use crate::sys;
-use smallvec::SmallVec;
 
 /// Room for several messages' worth of control data; a completion needs 48 bytes.
 const CONTROL_LEN: usize = 512;
@@ -502,19 +501,9 @@ impl<B: SendBuf> SendmsgEngine<B> {
     ) -> Result<usize, SendError<B>> {
         let mut accepted = 0;
         loop {
-            // A run of non-empty buffers within the count and byte caps; a buffer larger than the
-            // byte cap goes alone.
-            let mut total = 0;
-            let slices: SmallVec<[IoSlice<'_>; sys::GATHER_MAX]> = bufs
-                .iter()
-                .take(sys::GATHER_MAX)
-                .map(|b| b.as_bytes())
-                .take_while(|b| {
-                    total += b.len();
-                    !b.is_empty() && total <= sys::GATHER_BYTES
-                })
-                .map(IoSlice::new)
-                .collect();
+            // A run within the count and byte caps; a buffer larger than the byte cap, or one
+            // followed by an empty one, goes alone.
+            let slices = sys::gather_run(bufs.iter().map(|b| b.as_bytes()));
             let n = slices.len();
             if n < 2 || self.head.is_some() || self.broken.is_some() {
                 // One buffer (or an empty one), or what `send_one` handles first.

@@ -44,8 +44,8 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::time::Duration;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use socket2::SockAddr;
 
@@ -56,10 +56,11 @@ use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::{Engine, EngineKind};
+use crate::engine::{send_each, Engine, EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
+use crate::sys;
 use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp};
 
 /// Ring and batching settings for the io_uring engines: `UringConfig::default()`, then the
@@ -364,8 +365,11 @@ impl<B: SendBuf> State<B> {
         self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room()
     }
 
-    /// Forms records from the queue while order and the in-flight cap allow, and pushes them.
-    fn issue(&mut self, ring: &mut Ring) -> io::Result<()> {
+    /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
+    /// `auto`'s small copies on a byte stream are written at once ([`write_now`]).
+    ///
+    /// [`write_now`]: Self::write_now
+    fn issue(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
         let region = self.fixed_region(ring);
         loop {
             if self.queue.is_empty() || !self.may_issue(ring) {
@@ -378,13 +382,16 @@ impl<B: SendBuf> State<B> {
             let mut zc = self.zc;
             let mut chosen = None;
             let mut copy_reason = None;
+            let mut now = false;
             if let Some(auto) = &mut self.auto {
                 let (first, _) = self.queue.front().expect("queue not empty");
+                let len = first.as_bytes().len();
+                now = self.merge && policy::write_now(len);
                 let load = Load {
                     sends: self.pinning,
                     bytes: self.pinned,
                 };
-                let choice = auto.choose(first.as_bytes().len(), fixed, load);
+                let choice = auto.choose(len, fixed, load);
                 self.clock.tick(auto);
                 match choice {
                     Choice::ZeroCopy { probe } => chosen = Some(probe),
@@ -396,6 +403,13 @@ impl<B: SendBuf> State<B> {
                     // and it issues again then.
                     Choice::Wait => return Ok(()),
                 }
+            }
+            if let (Some(reason), true) = (copy_reason, now) {
+                // `may_issue` held: nothing of this stream is in the kernel's hands or waiting.
+                if !self.write_now(ring, reason, out)? {
+                    return Ok(());
+                }
+                continue;
             }
             // A record sent by copy batches whatever its memory (registered or not).
             let fixed = fixed && zc;
@@ -452,11 +466,16 @@ impl<B: SendBuf> State<B> {
             }
             rec.push(self.queue.pop_front().expect("front exists").0);
         }
+        self.launch(ring, op, zc)
+    }
+
+    /// Pushes the first request of a record just formed. `to_push` is empty here (the caller
+    /// checked `may_issue`): push at once, and keep the request in `to_push` only if the SQ
+    /// refused it, exactly as `flush_pushes` would. `false`: the SQ refused it.
+    fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
         if self.ordered {
             self.busy = true;
         }
-        // `to_push` is empty here (the caller checked `may_issue`): push at once, and keep the
-        // request in `to_push` only if the SQ refused it, exactly as `flush_pushes` would.
         let next = Next {
             op,
             zc,
@@ -468,6 +487,94 @@ impl<B: SendBuf> State<B> {
             return error.map_or(Ok(false), Err);
         }
         Ok(true)
+    }
+
+    /// `auto`'s copy of small buffers on a byte stream with nothing of the stream in the kernel's
+    /// hands ([`policy::write_now`]): the queue's front run goes in one `sendmsg(2)`
+    /// ([`sys::send_gather`], at most [`sys::GATHER_MAX`] buffers and [`sys::GATHER_BYTES`]
+    /// bytes, the first buffer whatever its size), as the `copy` engine writes a batch, not as a
+    /// request. What the kernel took whole is released at once. The rest goes as a request after
+    /// all, which waits for room in the kernel: the buffer the kernel cut (from where it cut it),
+    /// or the front run if the kernel took nothing (`EAGAIN`). An error is the front buffer's and
+    /// ends the stream, as a failed request's does. `false`: the SQ refused that request (it
+    /// waits in `to_push`).
+    fn write_now(
+        &mut self,
+        ring: &mut Ring,
+        reason: CopyReason,
+        out: &mut Vec<Released<B>>,
+    ) -> io::Result<bool> {
+        let Some(fd) = self.fd.as_ref() else {
+            // Never here: the descriptor goes only when the engine is dropped.
+            return self.form_copy(ring, reason);
+        };
+        let run = self.queue.iter().take(self.cfg.batch.max(1));
+        let slices = sys::gather_run(run.map(|(b, _)| b.as_bytes()));
+        let n = slices.len();
+        if n == 0 {
+            // An empty buffer (the sender refuses them before they are queued): not a write.
+            drop(slices);
+            return self.form_copy(ring, reason);
+        }
+        // One clock read before the call, if any of these buffers is one the sampler times.
+        let now = self.latency.due_within(n).then(Instant::now);
+        self.stats.syscalls += 1;
+        let result = sys::send_gather(fd.as_fd(), &slices);
+        drop(slices);
+        let mut taken = match result {
+            // No byte and no error (a stream should not answer so): the request will say why.
+            Ok(0) => return self.form_copy(ring, reason),
+            Ok(taken) => taken,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return self.form_copy(ring, reason),
+            Err(error) => {
+                let errno = error.raw_os_error().unwrap_or(libc::EIO);
+                let (buf, dest) = self.queue.pop_front().expect("n >= 1 buffers offered");
+                self.held -= 1;
+                let mut rec = Record::new(buf, dest, self.latency.next_at(now));
+                rec.copy = Some(reason);
+                rec.error = Some(error);
+                rec.release(self.zc, &mut self.stats, out);
+                self.break_stream(errno, out);
+                return Ok(true);
+            }
+        };
+        self.stats.bytes += taken as u64;
+        let path = policy::release_path(self.zc, Some(reason), false);
+        while taken > 0 {
+            let (buf, dest) = self
+                .queue
+                .pop_front()
+                .expect("the kernel took no more than offered");
+            let len = buf.as_bytes().len();
+            let started = self.latency.next_at(now);
+            if taken >= len {
+                taken -= len;
+                self.held -= 1;
+                Record::release_whole(buf, path, started, &mut self.stats, out);
+            } else {
+                let mut op = SendOp::for_buf(self.spare.pop(), buf, dest, started);
+                let rec = op.record_mut();
+                rec.copy = Some(reason);
+                rec.sent = taken;
+                return self.launch(ring, op, false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A copy request of the queue's front run (see [`form`](Self::form)).
+    fn form_copy(&mut self, ring: &mut Ring, reason: CopyReason) -> io::Result<bool> {
+        let (first, dest) = self.queue.pop_front().expect("queue not empty");
+        let region = self.fixed_region(ring);
+        self.form(
+            ring,
+            region,
+            (first, dest),
+            false,
+            false,
+            None,
+            Some(reason),
+        )
     }
 
     /// Pushes the requests that are due, in order. Stops, keeping the rest, when the SQ stays
@@ -562,7 +669,7 @@ impl<B: SendBuf> State<B> {
         }
         self.reap(ring, out);
         let pushed = self.flush_pushes(ring);
-        let issued = self.issue(ring);
+        let issued = self.issue(ring, out);
         let owed = std::mem::take(&mut self.owed);
         let submitted = if owed {
             ring.submit()
@@ -875,7 +982,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                 .map(drop)
         } else {
             st.queue.push_back((buf, dest));
-            st.issue(&mut ring)
+            st.issue(&mut ring, out)
         };
         let res = res.and_then(|()| ring.submit_if_due(st.eager()));
         // The buffer is queued either way; the next progress enters again and reports a failure.
@@ -883,6 +990,71 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             st.owed = true;
         }
         Ok(())
+    }
+
+    /// On a byte stream the whole batch enters the queue first (up to the queue's limit), so the
+    /// first request or write carries up to `batch` buffers, not the first buffer alone; other
+    /// sockets take the buffers one by one ([`try_send`](Engine::try_send)).
+    fn try_send_batch(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        if !self.st.merge {
+            return send_each(bufs, |buf| self.try_send(sock, buf, None, out));
+        }
+        let (mut ring, st) = self.split();
+        let mut accepted = 0;
+        let mut failed = None;
+        loop {
+            while st.queue.len() < st.cfg.queue_limit {
+                let Some(buf) = bufs.pop_front() else { break };
+                if let Some(errno) = st.broken {
+                    let error = io::Error::from_raw_os_error(errno);
+                    failed = Some(SendError::Io { buf, error });
+                } else if buf.as_bytes().is_empty() {
+                    failed = Some(SendError::Invalid {
+                        buf,
+                        reason: EMPTY_BUFFER,
+                    });
+                } else {
+                    st.held += 1;
+                    st.stats.sends += 1;
+                    st.queue.push_back((buf, None));
+                    accepted += 1;
+                    continue;
+                }
+                break;
+            }
+            if failed.is_some() || bufs.is_empty() {
+                break;
+            }
+            // The queue is full: reap and issue, and take more if that made room.
+            let kicked = st.kick(&mut ring, out);
+            if let Err(error) = kicked {
+                st.owed = true;
+                let buf = bufs.pop_front().expect("not empty");
+                failed = Some(SendError::Io { buf, error });
+                break;
+            }
+            if st.queue.len() >= st.cfg.queue_limit {
+                st.stats.would_block += 1;
+                break;
+            }
+        }
+        // What was queued goes now, as after `try_send`; a failure is the next progress's.
+        if st
+            .issue(&mut ring, out)
+            .and_then(|()| ring.submit_if_due(st.eager()))
+            .is_err()
+        {
+            st.owed = true;
+        }
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(accepted),
+        }
     }
 
     fn progress(&mut self, _sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
@@ -970,7 +1142,63 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
 
 #[cfg(test)]
 mod tests {
-    use crate::socket::SockKind;
+    use std::collections::VecDeque;
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+
+    use crate::engine::auto;
+    use crate::sender::SenderConfig;
+    use crate::socket::{SockKind, Socket};
+
+    /// `auto` copies small buffers over loopback. With nothing of the stream in the kernel's
+    /// hands, a batch of them goes in gathered `sendmsg(2)` calls, released before the call
+    /// returns, not as io_uring requests released only when a later progress reaps their CQEs
+    /// (the request path, before: 0.88x `copy` at 1400 B over TCP loopback). Every byte arrives
+    /// in order.
+    #[test]
+    fn auto_writes_a_batch_of_small_copies_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let sock = Socket::new(client.into()).unwrap();
+        let built = auto::build::<Vec<u8>>(&sock, &SenderConfig::default()).unwrap();
+        if !zerotx_testbed::require(
+            built.path == "io_uring",
+            &format!("auto chose {}: {:?}", built.path, built.notes),
+        ) {
+            return;
+        }
+        let mut engine = built.engine;
+        let sizes: Vec<usize> = (0..64).map(|i| 1000 + 37 * i).collect();
+        let mut bufs: VecDeque<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8; n])
+            .collect();
+        let mut out = Vec::new();
+        engine.batch(true);
+        let accepted = engine.try_send_batch(&sock, &mut bufs, &mut out).unwrap();
+        engine.batch(false);
+        assert_eq!(accepted, 64);
+        let stats = engine.stats();
+        assert_eq!(out.len(), 64, "released before any progress: {stats:?}");
+        assert_eq!(stats.syscalls, 2, "32 buffers per call: {stats:?}");
+        assert_eq!(engine.held(), 0);
+        for (r, &n) in out.iter().zip(&sizes) {
+            assert!(
+                r.report.error.is_none() && r.report.bytes == n,
+                "{:?}",
+                r.report
+            );
+        }
+        let mut got = vec![0u8; sizes.iter().sum()];
+        server.read_exact(&mut got).unwrap();
+        let mut at = 0;
+        for (i, &n) in sizes.iter().enumerate() {
+            assert!(got[at..at + n].iter().all(|&b| b == i as u8), "buffer {i}");
+            at += n;
+        }
+    }
 
     /// SCTP cannot be loaded on the test machine (no `sctp` module): check the classification the
     /// engine orders and batches by. Every connection keeps one request in flight; only byte

@@ -205,6 +205,24 @@ pub fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Res
     })
 }
 
+/// The run of buffers one [`send_gather`] carries: the first, whatever its size, and those after
+/// it while the run stays within [`GATHER_MAX`] buffers and [`GATHER_BYTES`] bytes. It ends
+/// before an empty buffer (empty if the first is), which the caller refuses on its own.
+#[inline(always)]
+pub fn gather_run<'a>(
+    bufs: impl Iterator<Item = &'a [u8]>,
+) -> smallvec::SmallVec<[std::io::IoSlice<'a>; GATHER_MAX]> {
+    let mut total = 0;
+    bufs.take(GATHER_MAX)
+        .enumerate()
+        .take_while(|(i, b)| {
+            total += b.len();
+            !b.is_empty() && (*i == 0 || total <= GATHER_BYTES)
+        })
+        .map(|(_, b)| std::io::IoSlice::new(b))
+        .collect()
+}
+
 /// A socket2 address as rustix takes one.
 struct Dest<'a>(&'a SockAddr);
 
