@@ -114,6 +114,9 @@ pub struct Stats {
     pub bad_completions: u64,
     /// Other error-queue messages skipped (timestamps, ICMP errors).
     pub skipped_messages: u64,
+    /// Reads of the socket's error queue (`recvmsg(MSG_ERRQUEUE)`), the ones that found it empty
+    /// included: with `completions`, what reaping costs in system calls.
+    pub errqueue_reads: u64,
     /// Buffers released with an error after part of them was sent.
     pub errors: u64,
     /// `MSG_ZEROCOPY` ids the kernel took for this sender's calls (as the sender learned them;

@@ -869,6 +869,55 @@ fn error_queue_messages_that_are_not_completions_are_drained() {
     }
 }
 
+/// A reap stops reading the error queue once a completion leaves no id of the sender in flight:
+/// no read that finds the queue empty (one system call per reap saved). What may be queued behind
+/// it is still read: TX timestamps that follow the completions are gone within two reaps.
+#[test]
+fn a_reap_that_completes_every_id_reads_the_error_queue_no_further() {
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for stamped in [false, true] {
+        let sock = if stamped {
+            udp_with_tx_timestamps(&sink)
+        } else {
+            connected_udp(sink.local_addr().unwrap())
+        };
+        let fd = sock.as_raw_fd();
+        let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
+        let mut batch: VecDeque<Vec<u8>> = (0..32).map(|i| vec![i as u8; 1000]).collect();
+        assert_eq!(tx.try_send_batch(&mut batch).unwrap(), 32);
+        // Loopback copies on delivery and completes at once: wait until POLLERR says so, then a
+        // little longer for the last of them.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while unasked_events(fd) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no completion came");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let before = tx.stats();
+        let mut out = Vec::new();
+        tx.reap(&mut out).unwrap();
+        let after = tx.stats();
+        assert_eq!(out.len(), 32, "stamped: {stamped}: {after:?}");
+        let reads = after.errqueue_reads - before.errqueue_reads;
+        let messages = (after.completions - before.completions)
+            + (after.skipped_messages - before.skipped_messages);
+        if !stamped {
+            assert_eq!(reads, messages, "a read found the queue empty: {after:?}");
+        } else {
+            // Timestamps may sit behind the completions: the next reap reads them.
+            tx.reap(&mut out).unwrap();
+            let revents = unasked_events(fd);
+            assert_eq!(
+                revents,
+                0,
+                "POLLERR still up after two reaps: {:?}",
+                tx.stats()
+            );
+            assert!(tx.stats().skipped_messages >= 32, "{:?}", tx.stats());
+        }
+    }
+}
+
 /// The copy engine reads its error queue less often than every reap (it holds no completions,
 /// only what the caller's options put there): on every readiness, and in one reap of 16. A caller
 /// that polls the descriptor without asking for readiness first still sees POLLERR go within 16

@@ -296,12 +296,21 @@ impl<B: SendBuf> SendmsgEngine<B> {
         (taken, reaped)
     }
 
-    /// Reads the error queue dry; returns how many owned ids completed. A message the decoder or
-    /// the ledger refuses is counted in `bad_completions` and skipped, never an error of a send.
+    /// Reads the error queue dry, or until a completion leaves no id of this sender in flight;
+    /// returns how many owned ids completed. A message the decoder or the ledger refuses is
+    /// counted in `bad_completions` and skipped, never an error of a send.
+    ///
+    /// The early stop saves the read that would answer `EAGAIN`, one system call per reap when
+    /// the kernel completed everything sent (the usual case, one coalesced range per reap): no
+    /// completion of this sender can be queued behind that one. Whatever else is (TX timestamps,
+    /// ICMP errors) keeps POLLERR up and is read by the next reap, which reads on past anything
+    /// that is not such a completion, so a poll loop wakes for it at most once.
     fn reap_errqueue(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> u64 {
         let mut ids = 0;
         self.quiet = 0;
-        while self.errqueue {
+        let mut emptied = false;
+        while self.errqueue && !emptied {
+            self.stats.errqueue_reads += 1;
             let read = match sys::recv_errqueue(sock.fd(), &mut self.control) {
                 Ok(Some(read)) => read,
                 Ok(None) => break,
@@ -336,7 +345,9 @@ impl<B: SendBuf> SendmsgEngine<B> {
                         match ledger.complete_with(range, settle) {
                             Ok(n) => {
                                 self.stats.zerocopy_ids_completed += n;
-                                ids += (owned_before - self.ledger.ids_in_flight()) as u64;
+                                let owned = self.ledger.ids_in_flight();
+                                ids += (owned_before - owned) as u64;
+                                emptied = owned == 0;
                             }
                             Err(_) => self.stats.bad_completions += 1,
                         }
