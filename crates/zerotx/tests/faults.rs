@@ -918,6 +918,61 @@ fn a_reap_that_completes_every_id_reads_the_error_queue_no_further() {
     }
 }
 
+/// The early stop above must not strand a failed datagram's completion. A UDP send that fails
+/// after its skb was built (segmentation without checksums: `EINVAL`) took an id; the sender
+/// learns that by reading the error queue for that id's completion. With a message that is not a
+/// completion queued between the last owned completion and that one (a plain send's TX timestamp
+/// here), the kernel cannot merge the two, and a read that stopped once no *owned* id was in
+/// flight left the failed send's completion unread: the sender believed no id was taken, stayed
+/// one id behind the kernel, released the next buffer on a stale completion and never the last.
+/// (Found in review of the early stop; seen failing: `zerocopy_ids` 3, a bad completion.)
+#[test]
+fn a_failed_datagrams_completion_behind_another_message_is_still_read() {
+    let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = udp_with_tx_timestamps(&sink);
+    let plain = sock.try_clone().unwrap();
+    let set = |name: libc::c_int, level: libc::c_int, val: libc::c_int| {
+        // SAFETY: setsockopt reads one c_int from a live local.
+        let rc = unsafe {
+            libc::setsockopt(
+                plain.as_raw_fd(),
+                level,
+                name,
+                (&val as *const libc::c_int).cast(),
+                4,
+            )
+        };
+        assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
+    };
+    let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
+    tx.send(vec![1u8; 1000]).unwrap(); // id 0
+    std::thread::sleep(Duration::from_millis(20));
+    // No id, but a timestamp behind id 0's completion.
+    plain.send(b"p").unwrap();
+    set(libc::UDP_SEGMENT, libc::SOL_UDP, 1000);
+    set(libc::SO_NO_CHECK, libc::SOL_SOCKET, 1);
+    match tx.send(vec![2u8; 1400]) {
+        Err(SendError::Io { error, .. }) => assert_eq!(error.raw_os_error(), Some(libc::EINVAL)),
+        other => panic!("a segmented send without checksums was accepted: {other:?}"),
+    }
+    set(libc::UDP_SEGMENT, libc::SOL_UDP, 0);
+    set(libc::SO_NO_CHECK, libc::SOL_SOCKET, 0);
+    tx.send(vec![3u8; 1000]).unwrap();
+    tx.send(vec![4u8; 1000]).unwrap();
+    let flushed = tx.flush(Duration::from_secs(2));
+    let mut out = Vec::new();
+    tx.reap(&mut out).unwrap();
+    let stats = tx.stats();
+    assert!(flushed.is_ok(), "{flushed:?}: {stats:?}");
+    assert_eq!(
+        stats.zerocopy_ids, 4,
+        "the failed send took an id: {stats:?}"
+    );
+    assert_eq!(stats.bad_completions, 0, "{stats:?}");
+    let firsts: Vec<u8> = out.iter().map(|r| r.buf[0]).collect();
+    assert_eq!(firsts, [1, 3, 4], "{stats:?}");
+}
+
 /// The copy engine reads its error queue less often than every reap (it holds no completions,
 /// only what the caller's options put there): on every readiness, and in one reap of 16. A caller
 /// that polls the descriptor without asking for readiness first still sees POLLERR go within 16

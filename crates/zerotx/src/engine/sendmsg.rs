@@ -296,9 +296,10 @@ impl<B: SendBuf> SendmsgEngine<B> {
         (taken, reaped)
     }
 
-    /// Reads the error queue dry, or until a completion leaves no id of this sender in flight;
-    /// returns how many owned ids completed. A message the decoder or the ledger refuses is
-    /// counted in `bad_completions` and skipped, never an error of a send.
+    /// Reads the error queue dry, or until a completion leaves no id in the ledger's window
+    /// (owned or not: a failed datagram's id is learnt from its completion) in flight; returns how
+    /// many owned ids completed. A message the decoder or the ledger refuses is counted in
+    /// `bad_completions` and skipped, never an error of a send.
     ///
     /// The early stop saves the read that would answer `EAGAIN`, one system call per reap when
     /// the kernel completed everything sent (the usual case, one coalesced range per reap): no
@@ -347,7 +348,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
                                 self.stats.zerocopy_ids_completed += n;
                                 let owned = self.ledger.ids_in_flight();
                                 ids += (owned_before - owned) as u64;
-                                emptied = owned == 0;
+                                emptied = owned == 0 && self.ledger.unowned_in_flight() == 0;
                             }
                             Err(_) => self.stats.bad_completions += 1,
                         }
