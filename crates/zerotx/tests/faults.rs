@@ -334,19 +334,7 @@ fn udp_segment_errors_after_the_skb_was_built_take_ids_too() {
         let dest = bh.v4;
         let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
         sock.connect(dest).unwrap();
-        let set = |level: libc::c_int, name: libc::c_int, val: libc::c_int| {
-            // SAFETY: setsockopt reads one c_int from a live local.
-            let rc = unsafe {
-                libc::setsockopt(
-                    sock.as_raw_fd(),
-                    level,
-                    name,
-                    (&val as *const libc::c_int).cast(),
-                    4,
-                )
-            };
-            assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
-        };
+        let set = |level, name, val| util::set_int_opt(sock.as_fd(), level, name, val);
         let gso = |on: bool| {
             set(libc::SOL_UDP, libc::UDP_SEGMENT, if on { 1000 } else { 0 });
             set(libc::SOL_SOCKET, libc::SO_NO_CHECK, on.into());
@@ -931,19 +919,7 @@ fn a_failed_datagrams_completion_behind_another_message_is_still_read() {
     let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let sock = udp_with_tx_timestamps(&sink);
     let plain = sock.try_clone().unwrap();
-    let set = |name: libc::c_int, level: libc::c_int, val: libc::c_int| {
-        // SAFETY: setsockopt reads one c_int from a live local.
-        let rc = unsafe {
-            libc::setsockopt(
-                plain.as_raw_fd(),
-                level,
-                name,
-                (&val as *const libc::c_int).cast(),
-                4,
-            )
-        };
-        assert_eq!(rc, 0, "setsockopt: {}", std::io::Error::last_os_error());
-    };
+    let set = |name, level, val| util::set_int_opt(plain.as_fd(), level, name, val);
     let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
     tx.send(vec![1u8; 1000]).unwrap(); // id 0
     std::thread::sleep(Duration::from_millis(20));

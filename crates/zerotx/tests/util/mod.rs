@@ -344,27 +344,36 @@ pub fn run_tool(tool: &str, args: &[&str], stdin: Option<&str>) -> bool {
     true
 }
 
-/// `IP_RECVERR` / `IPV6_RECVERR` on a socket: the kernel reports ICMP errors and, for UDP,
-/// qdisc drops (`ENOBUFS`) to the caller, as QUIC stacks ask it to.
-pub fn set_recverr(fd: std::os::fd::BorrowedFd<'_>, v6: bool) {
+/// `setsockopt` of one `c_int`; panics naming the error if the kernel refuses.
+pub fn set_int_opt(fd: std::os::fd::BorrowedFd<'_>, level: i32, name: i32, val: i32) {
     use std::os::fd::AsRawFd;
-    let (level, name) = if v6 {
-        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
-    } else {
-        (libc::IPPROTO_IP, libc::IP_RECVERR)
-    };
-    let one: libc::c_int = 1;
     // SAFETY: setsockopt reads one c_int from a live local.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             level,
             name,
-            (&one as *const libc::c_int).cast(),
+            (&val as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    assert_eq!(rc, 0, "RECVERR: {}", io::Error::last_os_error());
+    assert_eq!(
+        rc,
+        0,
+        "setsockopt({level}, {name}): {}",
+        io::Error::last_os_error()
+    );
+}
+
+/// `IP_RECVERR` / `IPV6_RECVERR` on a socket: the kernel reports ICMP errors and, for UDP,
+/// qdisc drops (`ENOBUFS`) to the caller, as QUIC stacks ask it to.
+pub fn set_recverr(fd: std::os::fd::BorrowedFd<'_>, v6: bool) {
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVERR)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_RECVERR)
+    };
+    set_int_opt(fd, level, name, 1);
 }
 
 /// Waits (up to 10 s, else panics) on what `tx.readiness()` names, as an event loop would.
