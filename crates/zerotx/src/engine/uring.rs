@@ -472,6 +472,7 @@ impl<B: SendBuf> State<B> {
     /// Pushes the first request of a record just formed. `to_push` is empty here (the caller
     /// checked `may_issue`): push at once, and keep the request in `to_push` only if the SQ
     /// refused it, exactly as `flush_pushes` would. `false`: the SQ refused it.
+    #[inline]
     fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
         if self.ordered {
             self.busy = true;
@@ -498,6 +499,7 @@ impl<B: SendBuf> State<B> {
     /// or the front run if the kernel took nothing (`EAGAIN`). An error is the front buffer's and
     /// ends the stream, as a failed request's does. `false`: the SQ refused that request (it
     /// waits in `to_push`).
+    #[inline(never)]
     fn write_now(
         &mut self,
         ring: &mut Ring,
