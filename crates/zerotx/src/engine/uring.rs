@@ -491,7 +491,7 @@ impl<B: SendBuf> State<B> {
     }
 
     /// `auto`'s copy of small buffers on a byte stream with nothing of the stream in the kernel's
-    /// hands ([`policy::write_now`]): the queue's front run goes in one `sendmsg(2)`
+    /// hands ([`policy::write_now`]): the queue's front run of them goes in one `sendmsg(2)`
     /// ([`sys::send_gather`], at most [`sys::GATHER_MAX`] buffers and [`sys::GATHER_BYTES`]
     /// bytes, the first buffer whatever its size), as the `copy` engine writes a batch, not as a
     /// request. What the kernel took whole is released at once. The rest goes as a request after
@@ -510,8 +510,13 @@ impl<B: SendBuf> State<B> {
             // Never here: the descriptor goes only when the engine is dropped.
             return self.form_copy(ring, reason);
         };
-        let run = self.queue.iter().take(self.cfg.batch.max(1));
-        let slices = sys::gather_run(run.map(|(b, _)| b.as_bytes()));
+        // The small buffers at the front: a large one after them goes as a request.
+        let run = (self.queue.iter().take(self.cfg.batch.max(1)))
+            .map(|(b, _)| b.as_bytes())
+            .enumerate()
+            .take_while(|(i, b)| *i == 0 || policy::write_now(b.len()))
+            .map(|(_, b)| b);
+        let slices = sys::gather_run(run);
         let n = slices.len();
         if n == 0 {
             // An empty buffer (the sender refuses them before they are queued): not a write.
@@ -1012,14 +1017,16 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         loop {
             while st.queue.len() < st.cfg.queue_limit {
                 let Some(buf) = bufs.pop_front() else { break };
-                if let Some(errno) = st.broken {
-                    let error = io::Error::from_raw_os_error(errno);
-                    failed = Some(SendError::Io { buf, error });
-                } else if buf.as_bytes().is_empty() {
+                // In `send_each`'s order: an empty buffer is refused as such, then a broken stream
+                // refuses the rest.
+                if buf.as_bytes().is_empty() {
                     failed = Some(SendError::Invalid {
                         buf,
                         reason: EMPTY_BUFFER,
                     });
+                } else if let Some(errno) = st.broken {
+                    let error = io::Error::from_raw_os_error(errno);
+                    failed = Some(SendError::Io { buf, error });
                 } else {
                     st.held += 1;
                     st.stats.sends += 1;
@@ -1162,6 +1169,10 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (mut server, _) = listener.accept().unwrap();
+        // Room for the whole batch, so no write is cut (a cut buffer's rest goes as a request).
+        socket2::SockRef::from(&client)
+            .set_send_buffer_size(4 << 20)
+            .unwrap();
         let sock = Socket::new(client.into()).unwrap();
         let built = auto::build::<Vec<u8>>(&sock, &SenderConfig::default()).unwrap();
         if !zerotx_testbed::require(
