@@ -2,7 +2,7 @@
 //! (`IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` for buffers from
 //! a registered [`BufPool`]), both with many requests per `io_uring_enter`. This module decides
 //! order, batching and the budget; the ring, the requests and every pointer the kernel reads are
-//! in [`sys::uring`](crate::sys::uring).
+//! in [`sys::uring`].
 //!
 //! - **Order.** io_uring issues requests independently: two in flight on one connection can
 //!   reorder it when the socket buffer fills (KERNEL.md measured a quarter of a TCP stream's bytes
@@ -38,9 +38,9 @@
 //!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
 //!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
-//!   leaks them (see [`sys::uring::Ring`](crate::sys::uring::Ring)) and shutdown counts them.
+//!   leaks them (see [`sys::uring::Ring`]) and shutdown counts them.
 //!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
-//!   (see [`sys::uring::Ring`](crate::sys::uring::Ring)).
+//!   (see [`sys::uring::Ring`]).
 
 use std::collections::VecDeque;
 use std::io;
