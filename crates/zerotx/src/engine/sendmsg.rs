@@ -530,11 +530,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             // their latency runs from the call, as a lone send's does.
             let now = self.latency.due_within(n).then(std::time::Instant::now);
             self.stats.syscalls += 1;
-            // No byte and no error (a stream should not answer so) counts as full.
-            let result = sys::send_gather(sock.fd(), &slices).and_then(|taken| match taken {
-                0 => Err(io::ErrorKind::WouldBlock.into()),
-                taken => Ok(taken),
-            });
+            let result = sys::send_gather(sock.fd(), &slices);
             drop(slices);
             let mut taken = match result {
                 Ok(taken) => taken,

@@ -56,7 +56,7 @@ use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::{send_each, Engine, EngineKind, EMPTY_BUFFER};
+use crate::engine::{send_each, send_front, Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::{Family, SockType, Socket};
@@ -382,11 +382,11 @@ impl<B: SendBuf> State<B> {
             let mut zc = self.zc;
             let mut chosen = None;
             let mut copy_reason = None;
-            let mut now = false;
+            let mut direct = false;
             if let Some(auto) = &mut self.auto {
                 let (first, _) = self.queue.front().expect("queue not empty");
                 let len = first.as_bytes().len();
-                now = self.merge && policy::write_now(len);
+                direct = self.merge && policy::write_now(len);
                 let load = Load {
                     sends: self.pinning,
                     bytes: self.pinned,
@@ -404,7 +404,7 @@ impl<B: SendBuf> State<B> {
                     Choice::Wait => return Ok(()),
                 }
             }
-            if let (Some(reason), true) = (copy_reason, now) {
+            if let (Some(reason), true) = (copy_reason, direct) {
                 // `may_issue` held: nothing of this stream is in the kernel's hands or waiting.
                 if !self.write_now(ring, reason, out)? {
                     return Ok(());
@@ -529,8 +529,6 @@ impl<B: SendBuf> State<B> {
         let result = sys::send_gather(fd.as_fd(), &slices);
         drop(slices);
         let mut taken = match result {
-            // No byte and no error (a stream should not answer so): the request will say why.
-            Ok(0) => return self.form_copy(ring, reason),
             Ok(taken) => taken,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return self.form_copy(ring, reason),
             Err(error) => {
@@ -1015,41 +1013,41 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         let mut accepted = 0;
         let mut failed = None;
         loop {
-            while st.queue.len() < st.cfg.queue_limit {
-                let Some(buf) = bufs.pop_front() else { break };
-                // In `send_each`'s order: an empty buffer is refused as such, then a broken stream
-                // refuses the rest.
-                if buf.as_bytes().is_empty() {
-                    failed = Some(SendError::Invalid {
-                        buf,
-                        reason: EMPTY_BUFFER,
-                    });
-                } else if let Some(errno) = st.broken {
+            // `send_front` refuses an empty buffer; a broken stream refuses the rest, and a full
+            // queue hands the buffer back.
+            let queued = send_front(bufs, |buf| {
+                if let Some(errno) = st.broken {
                     let error = io::Error::from_raw_os_error(errno);
-                    failed = Some(SendError::Io { buf, error });
-                } else {
-                    st.held += 1;
-                    st.stats.sends += 1;
-                    st.queue.push_back((buf, None));
-                    accepted += 1;
-                    continue;
+                    return Err(SendError::Io { buf, error });
                 }
-                break;
-            }
-            if failed.is_some() || bufs.is_empty() {
-                break;
-            }
-            // The queue is full: reap and issue, and take more if that made room.
-            let kicked = st.kick(&mut ring, out);
-            if let Err(error) = kicked {
-                st.owed = true;
-                let buf = bufs.pop_front().expect("not empty");
-                failed = Some(SendError::Io { buf, error });
-                break;
-            }
-            if st.queue.len() >= st.cfg.queue_limit {
-                st.stats.would_block += 1;
-                break;
+                if st.queue.len() >= st.cfg.queue_limit {
+                    return Err(SendError::WouldBlock(buf));
+                }
+                st.held += 1;
+                st.stats.sends += 1;
+                st.queue.push_back((buf, None));
+                Ok(())
+            });
+            match queued {
+                Ok(true) => accepted += 1,
+                Ok(false) if bufs.is_empty() => break,
+                Ok(false) => {
+                    // The queue is full: reap and issue, and take more if that made room.
+                    if let Err(error) = st.kick(&mut ring, out) {
+                        st.owed = true;
+                        let buf = bufs.pop_front().expect("handed back");
+                        failed = Some(SendError::Io { buf, error });
+                        break;
+                    }
+                    if st.queue.len() >= st.cfg.queue_limit {
+                        st.stats.would_block += 1;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
             }
         }
         // What was queued goes now, as after `try_send`; a failure is the next progress's.

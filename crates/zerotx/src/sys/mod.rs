@@ -192,7 +192,8 @@ pub const GATHER_BYTES: usize = 1 << 20;
 
 /// `sendmsg(2)` of several buffers as one write on a connected stream socket (`MSG_DONTWAIT`,
 /// `MSG_NOSIGNAL`): the kernel takes a prefix of their bytes in order, like `writev(2)`. Returns
-/// how many bytes it took. At most [`GATHER_MAX`] buffers.
+/// how many bytes it took, never 0: a write that took nothing and said no error (a stream should
+/// not answer so) is `WouldBlock`, as a full socket's. At most [`GATHER_MAX`] buffers.
 #[inline(always)]
 pub fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
     debug_assert!(bufs.len() <= GATHER_MAX);
@@ -202,6 +203,10 @@ pub fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Res
         let mut control = rustix::net::SendAncillaryBuffer::default();
         rustix::net::sendmsg(fd, bufs, &mut control, flags)
             .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
+    })
+    .and_then(|taken| match taken {
+        0 => Err(io::ErrorKind::WouldBlock.into()),
+        taken => Ok(taken),
     })
 }
 
