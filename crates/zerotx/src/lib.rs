@@ -56,7 +56,7 @@
 //! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
 //! | `cmsg.rs` | the error-queue decoder |
 //! | `sys/` | every system call and kernel ABI, and with `buf/` the only `unsafe` (tokio's reactor registration too); `sys/uring/`: the io_uring ring (`ring.rs`) and the requests that own their memory and build their SQEs (`op.rs`) |
-//! | `buf/` | [`SendBuf`] (the buffer rule) and [`BufPool`] (its own mapping, never on huge pages: see `buf/pool.rs`) |
+//! | `buf/` | [`SendBuf`] (the buffer rule) and [`BufPool`] (its own mapping, on small pages for registration, or on huge pages by [`BufPool::huge`]: see `buf/pool.rs`) |
 //! | `probe.rs` | [`probe()`]: what this host supports and what to tune |
 //! | `tokio/` | feature `tokio`: `tokio::AsyncSender`, readiness through tokio's reactor, one shared ring per runtime thread |
 //!

@@ -5,34 +5,44 @@
 //! 1 KB, a stream that crawls at the zero-window probe timer (the Debian 6.12 guest's
 //! `integrity uring-zc+pool tcp` check timed out that way). The pool opts out of huge pages.
 //!
-//! Its own test binary: it sets `/sys/kernel/mm/transparent_hugepage/enabled` to `always` for the
-//! whole machine while it runs (and puts the old mode back), which no other test should see.
+//! A pool made by `BufPool::huge` is on huge pages on purpose: sends from it that are not
+//! registered are charged at their size too, and it refuses registration.
+//!
+//! Its own test binary: it sets `/sys/kernel/mm/transparent_hugepage/enabled` for the whole
+//! machine while a test runs (one at a time, and puts the old mode back), which no other test
+//! binary should see.
 #![allow(unsafe_code)]
 
 mod util;
 
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use util::{is_root, require};
-use zerotx::{BufPool, EngineKind, Sender};
+use util::{finish, is_root, require};
+use zerotx::{BufPool, EngineKind, Error, SendPath, Sender};
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 
-/// Transparent huge pages `always` until dropped, then the mode it found.
-struct ThpAlways {
+/// One test at a time sets the machine's mode.
+static MODE: Mutex<()> = Mutex::new(());
+
+/// Transparent huge pages in a mode until dropped, then the mode it found.
+struct Thp {
     old: String,
+    _one: MutexGuard<'static, ()>,
 }
 
-impl ThpAlways {
-    fn set() -> Option<Self> {
+impl Thp {
+    fn set(mode: &str) -> Option<Self> {
         if !require(
             is_root(),
-            "needs root to set transparent huge pages to `always`",
+            &format!("needs root to set transparent huge pages to `{mode}`"),
         ) {
             return None;
         }
+        let one = MODE.lock().unwrap_or_else(|e| e.into_inner());
         let text = match std::fs::read_to_string(THP) {
             Ok(t) => t,
             Err(e) => {
@@ -46,12 +56,12 @@ impl ThpAlways {
             .nth(1)
             .unwrap_or_else(|| panic!("unexpected {THP}: {text:?}"))
             .to_string();
-        std::fs::write(THP, "always").unwrap_or_else(|e| panic!("writing {THP}: {e}"));
-        Some(Self { old })
+        std::fs::write(THP, mode).unwrap_or_else(|e| panic!("writing {THP}: {e}"));
+        Some(Self { old, _one: one })
     }
 }
 
-impl Drop for ThpAlways {
+impl Drop for Thp {
     fn drop(&mut self) {
         let _ = std::fs::write(THP, &self.old);
     }
@@ -108,7 +118,7 @@ fn queued(fd: RawFd) -> u32 {
 
 #[test]
 fn a_pool_is_never_on_huge_pages_and_its_sends_are_charged_at_their_size() {
-    let Some(_thp) = ThpAlways::set() else {
+    let Some(_thp) = Thp::set("always") else {
         return;
     };
     // A pool large enough for whole huge pages, every byte touched (the first touch decides the
@@ -127,15 +137,24 @@ fn a_pool_is_never_on_huge_pages_and_its_sends_are_charged_at_their_size() {
 
     // And what that is for: zero-copy sends from a registered pool, charged at their size.
     let pool = BufPool::new(64 << 10, 4).unwrap();
-    let mut blocks: Vec<_> = std::iter::from_fn(|| pool.take()).collect();
+    assert_charged_at_size(&pool, EngineKind::UringZc, true);
+}
+
+/// Sends all of `pool`'s blocks (touched first: the first touch decides the page size) of 64 KiB
+/// over TCP loopback with `engine` to a peer that never reads, registering `pool` first if
+/// `register`, and checks the receiver is charged about the bytes it holds.
+fn assert_charged_at_size(pool: &BufPool, engine: EngineKind, register: bool) {
+    let mut blocks: Vec<_> = std::iter::from_fn(|| pool.take()).take(4).collect();
     for b in &mut blocks {
-        b.fill(0x5a); // the first touch decides the page size
+        b.fill(0x5a);
     }
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (peer, _) = listener.accept().unwrap(); // never reads
-    let mut tx = Sender::new(client, EngineKind::UringZc).unwrap();
-    tx.register_pool(&pool).unwrap();
+    let mut tx = Sender::new(client, engine).unwrap();
+    if register {
+        tx.register_pool(pool).unwrap();
+    }
     for b in blocks {
         tx.try_send(b.freeze(64 << 10)).unwrap();
     }
@@ -152,14 +171,126 @@ fn a_pool_is_never_on_huge_pages_and_its_sends_are_charged_at_their_size() {
         last = now;
     }
     let (bytes, charged) = last;
-    assert!(bytes > 0, "nothing arrived within 5 s");
+    assert!(bytes > 0, "{engine}: nothing arrived within 5 s");
     // Small pages: a 64 KiB loopback segment costs its bytes plus about 10% (74560 for 65536
     // measured). Huge pages: 3.3 MB for the same.
     assert!(
         u64::from(charged) <= 2 * u64::from(bytes) + (16 << 10),
-        "the receiver is charged {charged} bytes of memory for {bytes} bytes of data: zero-copy \
-         sends from the registered pool were charged as if on huge pages"
+        "{engine}: the receiver is charged {charged} bytes of memory for {bytes} bytes of data: \
+         zero-copy sends from the pool were charged as if on huge pages"
     );
     drop(peer);
     drop(tx.close(Duration::from_secs(2)));
+}
+
+#[test]
+fn a_huge_pool_is_on_huge_pages_and_sends_from_it_are_charged_at_their_size() {
+    // `madvise`: only the pool's own advice puts it on huge pages.
+    let Some(_thp) = Thp::set("madvise") else {
+        return;
+    };
+    let pool = BufPool::huge(64 << 10, 64).unwrap();
+    assert!(pool.is_huge());
+    let (base, len) = pool.region();
+    assert_eq!(
+        base as usize % (2 << 20),
+        0,
+        "a huge pool starts on a huge page"
+    );
+    let mut blocks: Vec<_> = std::iter::from_fn(|| pool.take()).collect();
+    assert_eq!(blocks.len(), 64);
+    for (i, b) in blocks.iter_mut().enumerate() {
+        assert!(b.iter().all(|&x| x == 0), "block {i} not zeroed");
+        b.fill(i as u8);
+    }
+    assert!(blocks
+        .iter()
+        .enumerate()
+        .all(|(i, b)| b.iter().all(|&x| x == i as u8)));
+    let (huge, flags) = mapping_of(base as usize);
+    // At least one of its two huge pages (memory may be too fragmented for both).
+    assert!(
+        huge >= 2048 && flags.split_whitespace().any(|f| f == "hg"),
+        "a {len}-byte huge pool under THP `madvise`: {huge} kB on huge pages, VmFlags {flags}"
+    );
+    drop(blocks);
+
+    // Sends from it that io_uring did not register are charged at their size: the kernel
+    // charges the 4 KiB pages a send spans, whatever page they belong to.
+    for engine in [
+        EngineKind::MsgZerocopy,
+        EngineKind::UringZc,
+        EngineKind::Copy,
+    ] {
+        assert_charged_at_size(&pool, engine, false);
+    }
+}
+
+#[test]
+fn registering_a_huge_pool_is_refused_with_what_to_do() {
+    let pool = BufPool::huge(64 << 10, 4).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let mut tx = match Sender::new(client, EngineKind::UringZc) {
+        Ok(tx) => tx,
+        Err(e @ Error::Unsupported { .. }) => {
+            require(false, &format!("no uring-zc here: {e}"));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    match tx.register_pool(&pool) {
+        Err(e @ Error::Config { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("BufPool::huge")
+                    && text.contains("BufPool::new")
+                    && !text.contains("  "),
+                "{text}"
+            );
+        }
+        other => panic!("registering a huge pool: {other:?}"),
+    }
+    // The sender is unharmed: a pool on small pages registers, and sends.
+    let small = BufPool::new(64 << 10, 4).unwrap();
+    tx.register_pool(&small).unwrap();
+    tx.send(small.take().unwrap().freeze(1000)).unwrap();
+    let (released, _) = finish(tx);
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].report.bytes, 1000);
+}
+
+#[test]
+fn zero_copy_from_a_huge_pool_is_zero_copy() {
+    let pool = BufPool::huge(65000, 64).unwrap();
+    util::in_black_hole(65535, |bh| {
+        for engine in [EngineKind::MsgZerocopy, EngineKind::UringZc] {
+            let mut tx = Sender::connect_udp(bh.v4, engine).unwrap();
+            let mut out = Vec::new();
+            let mut sent = 0;
+            while sent < 300 {
+                match pool.take() {
+                    Some(b) => {
+                        tx.send(b.freeze(65000)).unwrap();
+                        sent += 1;
+                    }
+                    None => {
+                        tx.wait_released(&mut out, Some(Duration::from_secs(10)))
+                            .unwrap();
+                        assert!(!out.is_empty(), "{engine}: no release within 10 s");
+                        for r in out.drain(..) {
+                            assert_eq!(r.report.path, SendPath::ZeroCopy, "{engine}");
+                            assert_eq!(r.report.bytes, 65000, "{engine}");
+                        }
+                    }
+                }
+            }
+            let (released, stats) = finish(tx);
+            assert!(
+                released.iter().all(|r| r.report.path == SendPath::ZeroCopy),
+                "{engine}: {stats:?}"
+            );
+            assert_eq!(stats.zerocopy, 300, "{engine}: {stats:?}");
+        }
+    });
 }

@@ -77,6 +77,17 @@ impl SharedRing {
 
     /// Registers `pool` as fixed buffer 0 of the ring, once: the same pool again is a no-op.
     pub(crate) fn register(&self, pool: &BufPool) -> Result<(), Error> {
+        if pool.is_huge() {
+            // See `buf/pool.rs`: io_uring merges a registered region's huge pages into one
+            // segment and charges each send from it as if it held the huge page up to its end.
+            return Err(Error::Config {
+                problem: "registering a BufPool made by BufPool::huge".into(),
+                fix: "io_uring would charge every send from it for the whole 2 MiB page it starts \
+                      in, and the socket's buffer fills at once; register a pool made by \
+                      BufPool::new, or send from the huge pool without registering it"
+                    .into(),
+            });
+        }
         let mut ring = self.lock();
         if let Some(p) = ring.registered() {
             if p.region_id() == pool.region_id() {
