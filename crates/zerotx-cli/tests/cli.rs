@@ -88,26 +88,37 @@ fn cells<'a>(v: &'a serde_json::Value, topology: &str) -> Option<&'a Vec<serde_j
     t["cells"].as_array()
 }
 
-#[test]
-fn bench_quick_json_shows_loopback_copied_and_black_hole_zerocopy() {
+/// Under `ZEROTX_STRICT=1` a bench test needs root (the black hole is a network namespace);
+/// without root it checks what runs (the black hole's topology says it was skipped).
+fn bench_needs_root() {
     if !is_root() {
         assert!(!strict(), "ZEROTX_STRICT=1 and the bench test needs root");
     }
+}
+
+/// `zerotx bench ARGS --json`, which must succeed, and the report it printed.
+fn bench_json(args: &[&str]) -> serde_json::Value {
     let out = zerotx()
-        .args([
-            "bench",
-            "--quick",
-            "--duration",
-            "0.05",
-            "--repeat",
-            "1",
-            "--sizes",
-            "4K,16K",
-            "--json",
-        ])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .assert()
         .success();
-    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    serde_json::from_slice(&out.get_output().stdout).unwrap()
+}
+
+#[test]
+fn bench_quick_json_shows_loopback_copied_and_black_hole_zerocopy() {
+    bench_needs_root();
+    let v = bench_json(&[
+        "--quick",
+        "--duration",
+        "0.05",
+        "--repeat",
+        "1",
+        "--sizes",
+        "4K,16K",
+    ]);
     for key in [
         "version",
         "kernel",
@@ -195,6 +206,38 @@ fn bench_csv_and_plot_outputs() {
 }
 
 #[test]
+fn bench_huge_pages_runs_every_engine_and_says_so() {
+    bench_needs_root();
+    // uring-zc-fixed and auto register the ring: they must get one on small pages (io_uring
+    // refuses a huge pool), the others the huge one.
+    let v = bench_json(&[
+        "--huge-pages",
+        "--duration",
+        "0.05",
+        "--repeat",
+        "1",
+        "--sizes",
+        "16K",
+        "--engines",
+        "copy,msg-zc,uring-zc,uring-zc-fixed,auto",
+        "--topology",
+        "tcp-loopback,udp-blackhole",
+    ]);
+    assert_eq!(v["huge_pages"], true);
+    for topology in ["tcp-loopback", "udp-blackhole"] {
+        let Some(cells) = cells(&v, topology) else {
+            continue;
+        };
+        assert_eq!(cells.len(), 5, "{topology}");
+        for c in cells {
+            let engine = c["engine"].as_str().unwrap();
+            assert!(c["error"].is_null(), "{topology} {engine}: {}", c["error"]);
+            assert!(c["mb_s"]["median"].as_f64().unwrap() > 0.0, "{engine}");
+        }
+    }
+}
+
+#[test]
 fn bench_bad_flags_name_the_problem() {
     for (args, msg) in [
         (&["--sizes", "0"][..], "invalid size \"0\""),
@@ -222,29 +265,21 @@ fn bench_bad_flags_name_the_problem() {
 
 #[test]
 fn bench_baselines_run_beside_zerotx_and_export_markdown() {
-    if !is_root() {
-        assert!(!strict(), "ZEROTX_STRICT=1 and the bench test needs root");
-    }
+    bench_needs_root();
     let md = std::env::temp_dir().join(format!("zerotx-bench-{}.md", std::process::id()));
-    let out = zerotx()
-        .args([
-            "bench",
-            "--duration",
-            "0.05",
-            "--repeat",
-            "1",
-            "--sizes",
-            "4K",
-            "--engines",
-            "copy,msg-zc,uring-zc-fixed",
-            "--baselines",
-            "--json",
-            "--export-markdown",
-        ])
-        .arg(&md)
-        .assert()
-        .success();
-    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let v = bench_json(&[
+        "--duration",
+        "0.05",
+        "--repeat",
+        "1",
+        "--sizes",
+        "4K",
+        "--engines",
+        "copy,msg-zc,uring-zc-fixed",
+        "--baselines",
+        "--export-markdown",
+        md.to_str().unwrap(),
+    ]);
     let by_engine = |cells: &Vec<serde_json::Value>, e: &str| {
         cells
             .iter()
@@ -331,29 +366,23 @@ fn bench_runs_liburings_example_as_a_column_beside_zerotx() {
         return;
     };
     let md = std::env::temp_dir().join(format!("zerotx-liburing-{}.md", std::process::id()));
-    let out = zerotx()
-        .args([
-            "bench",
-            "--topology",
-            "udp-blackhole",
-            "--engines",
-            "uring-zc-fixed",
-            "--sizes",
-            "4K",
-            "--duration",
-            "0.05",
-            "--repeat",
-            "1",
-            "--json",
-            "--liburing",
-        ])
-        .arg(&example)
-        .arg("--export-markdown")
-        .arg(&md)
-        .assert()
-        .success();
+    let v = bench_json(&[
+        "--topology",
+        "udp-blackhole",
+        "--engines",
+        "uring-zc-fixed",
+        "--sizes",
+        "4K",
+        "--duration",
+        "0.05",
+        "--repeat",
+        "1",
+        "--liburing",
+        example.to_str().unwrap(),
+        "--export-markdown",
+        md.to_str().unwrap(),
+    ]);
     std::fs::remove_file(&example).unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
     let Some(udp) = cells(&v, "udp-blackhole") else {
         return;
     };

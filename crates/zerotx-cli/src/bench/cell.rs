@@ -20,8 +20,9 @@ pub struct Cells<'a> {
     site: &'a mut dyn Site,
     sizes: &'a [usize],
     cpus: Cpus,
-    /// The ring for the size being measured: every engine at that size cycles through it.
-    pool: Option<(usize, BufPool)>,
+    /// The ring for the size being measured, by whether it is on huge pages: every engine at that
+    /// size cycles through one of them.
+    pool: [Option<(usize, BufPool)>; 2],
 }
 
 impl<'a> Cells<'a> {
@@ -37,24 +38,28 @@ impl<'a> Cells<'a> {
             site,
             sizes,
             cpus,
-            pool: None,
+            pool: [None, None],
         }
     }
 
-    fn pool(&mut self, size: usize) -> anyhow::Result<BufPool> {
-        match &self.pool {
+    /// The ring `engine` cycles through at `size`: on huge pages under `--huge-pages`, unless the
+    /// engine registers it with io_uring (which refuses a huge pool: see `BufPool::huge`).
+    fn pool(&mut self, engine: Engine, size: usize) -> anyhow::Result<BufPool> {
+        let huge = self.opts.huge_pages && !engine.registers_ring();
+        let slot = &mut self.pool[usize::from(huge)];
+        match slot {
             Some((s, p)) if *s == size => Ok(p.clone()),
             _ => {
-                self.pool = None; // free the last ring before allocating the next
-                let p = buffer_ring(size, self.opts.ring_bytes)?;
-                self.pool = Some((size, p.clone()));
+                *slot = None; // free the last ring before allocating the next
+                let p = buffer_ring(size, self.opts.ring_bytes, huge)?;
+                *slot = Some((size, p.clone()));
                 Ok(p)
             }
         }
     }
 
     fn measure_on_socket(&mut self, engine: Engine, size: usize) -> anyhow::Result<Run> {
-        let pool = self.pool(size)?;
+        let pool = self.pool(engine, size)?;
         let fd = self.site.open()?;
         let d = self.opts.run;
         let run = match engine {

@@ -32,6 +32,14 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// Registers its buffer ring with io_uring (so the ring must be on small pages).
+    pub fn registers_ring(self) -> bool {
+        matches!(
+            self,
+            Engine::Auto | Engine::UringZcFixed | Engine::RawUringZcFixed
+        )
+    }
+
     /// zerotx's engines: the default columns.
     pub const ZEROTX: [Engine; 6] = [
         Engine::Auto,

@@ -109,6 +109,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
         run_seconds: opts.run.as_secs_f64(),
         repeat: opts.repeat,
         ring_bytes: opts.ring_bytes,
+        huge_pages: opts.huge_pages,
         topologies: results,
     })
 }

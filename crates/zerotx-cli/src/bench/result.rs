@@ -329,6 +329,8 @@ pub struct Report {
     pub repeat: usize,
     /// Bytes of the buffer ring each run cycles through.
     pub ring_bytes: usize,
+    /// The ring was on huge pages for the engines that do not register it (`--huge-pages`).
+    pub huge_pages: bool,
     /// Per topology.
     pub topologies: Vec<TopologyResult>,
 }
@@ -337,12 +339,17 @@ impl Report {
     /// The conditions of the run, in one line, for the headers of the human-readable exports.
     pub fn conditions(&self) -> String {
         format!(
-            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB",
+            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB{}",
             self.kernel,
             self.cpus,
             self.repeat,
             self.run_seconds,
-            self.ring_bytes >> 20
+            self.ring_bytes >> 20,
+            if self.huge_pages {
+                " on huge pages (small pages where registered)"
+            } else {
+                ""
+            }
         )
     }
 }

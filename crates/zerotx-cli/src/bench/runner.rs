@@ -38,11 +38,17 @@ pub const WAIT_SLICE: Duration = Duration::from_millis(200);
 /// How long the final flush may take.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A ring of at least `ring_bytes` (and 64 blocks) of `size`-byte buffers, filled once.
-pub fn buffer_ring(size: usize, ring_bytes: usize) -> anyhow::Result<BufPool> {
+/// A ring of at least `ring_bytes` (and 64 blocks) of `size`-byte buffers, filled once; on huge
+/// pages if `huge` ([`BufPool::huge`]).
+pub fn buffer_ring(size: usize, ring_bytes: usize, huge: bool) -> anyhow::Result<BufPool> {
     let block = size.next_multiple_of(4096);
     let count = (ring_bytes / block).max(64);
-    let pool = BufPool::new(size, count).context("allocating the buffer ring")?;
+    let pool = if huge {
+        BufPool::huge(size, count)
+    } else {
+        BufPool::new(size, count)
+    }
+    .context("allocating the buffer ring")?;
     let mut all: Vec<_> = std::iter::from_fn(|| pool.take()).collect();
     for (i, b) in all.iter_mut().enumerate() {
         b.fill(i as u8 | 1);
@@ -309,10 +315,13 @@ mod tests {
 
     #[test]
     fn the_buffer_ring_is_bigger_than_the_ring_bytes_and_page_aligned() {
-        let pool = buffer_ring(1472, 1 << 20).unwrap();
-        assert_eq!(pool.block_size(), 4096);
-        assert_eq!(pool.count(), 256);
-        let pool = buffer_ring(65000, 1 << 20).unwrap();
-        assert_eq!(pool.count(), 64, "at least 64 blocks");
+        for huge in [false, true] {
+            let pool = buffer_ring(1472, 1 << 20, huge).unwrap();
+            assert_eq!(pool.block_size(), 4096);
+            assert_eq!(pool.count(), 256);
+            assert_eq!(pool.is_huge(), huge);
+            let pool = buffer_ring(65000, 1 << 20, huge).unwrap();
+            assert_eq!(pool.count(), 64, "at least 64 blocks");
+        }
     }
 }

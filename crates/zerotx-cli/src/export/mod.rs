@@ -125,6 +125,7 @@ pub mod sample {
             run_seconds: 0.6,
             repeat: 1,
             ring_bytes: 32 << 20,
+            huge_pages: false,
             topologies,
         }
     }

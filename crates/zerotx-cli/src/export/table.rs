@@ -266,6 +266,19 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_on_huge_pages_says_so_in_the_header() {
+        let mut r = sample::report();
+        assert!(!render(&r).contains("huge pages"));
+        r.huge_pages = true;
+        let out = render(&r);
+        let header = out.lines().next().unwrap();
+        assert!(
+            header.ends_with("buffer ring 32 MiB on huge pages (small pages where registered)"),
+            "{header}"
+        );
+    }
+
+    #[test]
     fn baselines_get_a_ratio_block() {
         insta::assert_snapshot!(render(&sample::with_baselines()));
     }
