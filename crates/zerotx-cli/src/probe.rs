@@ -49,6 +49,12 @@ pub fn render_table(r: &ProbeReport) -> String {
     let _ = writeln!(s, "  net.core.optmem_max  {}", opt_bytes(r.optmem_max));
     let _ = writeln!(s, "  RLIMIT_MEMLOCK       {}", opt_bytes(r.memlock_soft));
     let _ = writeln!(s, "  CAP_IPC_LOCK         {}", yes_no(r.cap_ipc_lock));
+    let thp = match r.huge_pages.as_deref() {
+        Some("never") => "never (BufPool::huge gets small pages)".to_string(),
+        Some(mode) => format!("{mode} (BufPool::huge gets them)"),
+        None => "none in this kernel".to_string(),
+    };
+    let _ = writeln!(s, "  huge pages (THP)     {thp}");
     let lo = |v: Option<bool>| match v {
         Some(true) => "copied",
         Some(false) => "zero-copy",
