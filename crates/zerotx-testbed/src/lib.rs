@@ -238,3 +238,33 @@ pub fn l2_cache_bytes() -> Option<usize> {
     };
     num.parse::<usize>().ok().map(|n| n * mult)
 }
+
+/// What `/proc/self/smaps` says of the mapping of this process that holds `addr`: its
+/// `AnonHugePages` in kB and its `VmFlags` (`hg`: `MADV_HUGEPAGE`, `nh`: `MADV_NOHUGEPAGE`).
+/// `None` if no mapping holds it.
+pub fn mapping_of(addr: usize) -> Option<(u64, String)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let mut inside = false;
+    let (mut huge, mut flags) = (None, None);
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                if inside {
+                    break; // the mapping's lines are over
+                }
+                inside = (a..b).contains(&addr);
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
+            huge = kb.trim().trim_end_matches("kB").trim().parse().ok();
+        } else if let Some(f) = line.strip_prefix("VmFlags:") {
+            flags = Some(f.trim().to_string());
+        }
+    }
+    Some((huge?, flags.unwrap_or_default()))
+}

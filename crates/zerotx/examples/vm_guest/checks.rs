@@ -274,6 +274,69 @@ pub fn integrity(t: Transport, v: Variant) -> Check {
     ))
 }
 
+/// A [`BufPool::huge`] pool holds huge pages however its blocks are first touched (a read first
+/// maps the huge zero page, and before 6.13 the first write to it split the mapping into small
+/// pages), and zero-copy from it is whole: `kind` sends 4 MiB from it to a slow verifying reader
+/// over TCP loopback (the slow reader keeps the sender's socket full, scribbling each returned
+/// block at once), and 200 datagrams through the dummy device that must come back NOT copied.
+pub fn huge_pool(kind: EngineKind) -> Check {
+    const BLOCK: usize = 64 << 10;
+    let thp =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let pool = BufPool::huge(BLOCK, 64).map_err(|e| format!("BufPool::huge: {e}"))?;
+    // Every block read before anything is written.
+    let mut blocks: Vec<PoolBufMut> = std::iter::from_fn(|| pool.take()).collect();
+    let sum: u64 = blocks
+        .iter()
+        .map(|b| b.iter().map(|&x| u64::from(x)).sum::<u64>())
+        .sum();
+    if sum != 0 {
+        return Err(format!("a fresh pool is not zero (sum {sum})"));
+    }
+    for b in &mut blocks {
+        b.fill(0x5a);
+    }
+    drop(blocks);
+    let huge_kb = zerotx_testbed::mapping_of(pool.region().0 as usize).map_or(0, |(kb, _)| kb);
+    let on = !thp.contains("[never]");
+    if on && huge_kb < 2048 {
+        return Err(format!(
+            "{huge_kb} kB of a 4 MiB huge pool on huge pages after a read and a write (thp {})",
+            thp.trim()
+        ));
+    }
+    // 4 MiB to a slow, verifying reader over TCP loopback.
+    const TOTAL: u64 = 4 << 20;
+    let slow = Peer {
+        verify: true,
+        pause: Duration::from_millis(2),
+        rcvbuf: Some(16 << 10),
+        chunk: 8 << 10,
+    };
+    let (fd, reader) = connect(Transport::Tcp, slow)?;
+    let mut tx = Sender::new(fd, kind).map_err(|e| format!("Sender::new: {e}"))?;
+    pooled_stream(&mut tx, &pool, TOTAL, BLOCK)?;
+    finish(tx, reader, TOTAL)?;
+    // 200 datagrams through the dummy device: zero-copy, all of them.
+    const N: u64 = 200;
+    const LEN: usize = 65000;
+    let (fd, _) = connect(Transport::Dummy, Peer::default())?;
+    let mut tx = Sender::new(fd, kind).map_err(|e| format!("Sender::new: {e}"))?;
+    let tally = pooled_stream(&mut tx, &pool, N * LEN as u64, LEN)?;
+    let stats = finish(tx, None, 0)?;
+    let line = format!(
+        "{huge_kb} kB on huge pages (thp {}); {TOTAL} bytes intact through a slow reader; \
+         {} of {N} datagrams zero-copy; {}",
+        thp.trim(),
+        tally.zerocopy,
+        brief(&stats)
+    );
+    if tally.released as u64 != N || tally.zerocopy as u64 != N {
+        return Err(line);
+    }
+    Ok(line)
+}
+
 /// An io_uring engine either works (a short stream arrives intact, every buffer back) or is
 /// refused with [`Error::Unsupported`] when the sender is made or the pool registered: the
 /// library's documented way to degrade. Any other error fails the check; the watchdog turns a

@@ -10,7 +10,10 @@
 //!   `Error::Unsupported`;
 //! - integrity with immediate overwrite on every engine over TCP (and the engines vsock takes
 //!   over vsock): a slow verifying reader, a small pool scribbled with 0xEE the moment a buffer
-//!   comes back.
+//!   comes back;
+//! - a `BufPool::huge` pool read before it is written still holds huge pages (before 6.13 a read
+//!   maps the huge zero page, and the first write splits it), and `msg-zc` and `uring-zc` from it
+//!   keep a stream intact through a slow reader and send datagrams NOT copied.
 //!
 //! Each check runs on its own thread under a deadline: a hang becomes a `VMTEST: FAIL ...
 //! (timed out ...)` line, not a QEMU timeout. One `VMTEST: pass|FAIL <check>: ...` line per check,
@@ -308,6 +311,12 @@ fn all_checks(run: &mut Run, vsock_zc: bool) {
     ];
     for v in dummy {
         run.check(&format!("dummy {v}"), SHORT, move || checks::dummy(v));
+    }
+
+    for kind in [EngineKind::MsgZerocopy, EngineKind::UringZc] {
+        run.check(&format!("huge pool {kind}"), LONG, move || {
+            checks::huge_pool(kind)
+        });
     }
 
     for t in [Transport::Tcp, Transport::Dummy, Transport::Vsock] {

@@ -18,10 +18,10 @@
 //! and RHEL's default) any large enough allocation lands on them, so the pool opts out.
 //!
 //! **Unless asked: [`BufPool::huge`].** A pool that is never registered loses nothing on huge
-//! pages and gains much: `MSG_ZEROCOPY` and io_uring's `SEND_ZC` from user memory pin every page
-//! of every send (`gup_fast_fallback`: 30% of the samples of a 65000-byte `msg-zc` send into the
-//! black hole), and on a huge page that is one reference per huge page instead of one per 4 KiB
-//! page; a copy reads it with fewer TLB misses. Measured with `zerotx bench --huge-pages` (see
+//! pages and gains much: `MSG_ZEROCOPY` and io_uring's `SEND_ZC` from user memory take a
+//! reference on every page of every send (`gup_fast_fallback`: 30% of the samples of a 65000-byte
+//! `msg-zc` send into the black hole), and on a huge page that is one reference per huge page
+//! instead of one per 4 KiB page; a copy reads it with fewer TLB misses. Measured with `zerotx bench --huge-pages` (see
 //! the README). The kernel's charge for such a send is `PAGE_ALIGN(len + offset)` of the 4 KiB
 //! page the send starts in (`__zerocopy_sg_from_iter`), so only io_uring's registration, which
 //! merges the huge pages into one segment, overcharges: a huge pool refuses it
@@ -104,7 +104,7 @@ fn map_region(len: usize, huge: bool) -> std::io::Result<(NonNull<u8>, usize)> {
     if huge {
         // Keep the aligned `len` bytes and give the slack around them back, so the kernel can map
         // every 2 MiB of the region with one huge page.
-        let head = base.align_offset(HUGE_PAGE);
+        let head = (HUGE_PAGE - (ptr as usize & (HUGE_PAGE - 1))) & (HUGE_PAGE - 1);
         let tail = slack - head;
         // SAFETY: both ranges lie in the mapping just made, which nothing else references; what
         // stays is `[ptr + head, ptr + head + len)`.
@@ -132,6 +132,19 @@ fn map_region(len: usize, huge: bool) -> std::io::Result<(NonNull<u8>, usize)> {
             // SAFETY: as above; the mapping is dropped unused.
             unsafe { libc::munmap(base.cast(), len) };
             return Err(error);
+        }
+    }
+    if huge {
+        // A write fault on each huge page now, so the pool holds huge pages from the start. A
+        // read first would map the huge zero page, and before 6.13 the first write to that splits
+        // it into small pages for good (`do_huge_pmd_wp_page`): a block read before it is written
+        // (a zero-copy send of a fresh block, or `PoolBufMut`'s deref) would cost the pool its
+        // huge pages. It also pays the huge pages' allocation (and compaction, with `defrag`
+        // `madvise`) here, not at a send.
+        for at in (0..len).step_by(HUGE_PAGE) {
+            // SAFETY: `at` < `len`: inside the mapping kept, which nothing else references yet;
+            // it is zero, and stays zero.
+            unsafe { base.add(at).write_volatile(0) };
         }
     }
     NonNull::new(base)
@@ -184,9 +197,15 @@ impl BufPool {
     /// is too fragmented; then it has small pages, and works the same).
     ///
     /// For the buffers of `copy`, `msg-zc`, `uring-zc` and `auto` without registration: zero-copy
-    /// sends pin one page reference per huge page instead of one per 4 KiB (see the module docs).
-    /// Not for [`Sender::register_pool`](crate::Sender::register_pool), which refuses it:
-    /// io_uring would charge each send from it for a whole huge page.
+    /// sends take one page reference per huge page instead of one per 4 KiB (see the module
+    /// docs). Each huge page is written once here (the memory stays zero), so the pool holds its
+    /// huge pages from the start, whatever is read first. Not for
+    /// [`Sender::register_pool`](crate::Sender::register_pool): `uring-zc` refuses it (io_uring
+    /// would charge each send from it for a whole huge page), and `auto` takes it as unregistered.
+    ///
+    /// The region is aligned to 2 MiB, the size of a huge page over 4 KiB pages (x86-64, and
+    /// arm64 with 4 KiB pages); with larger base pages it works the same on whatever pages the
+    /// kernel gives it.
     ///
     /// ```
     /// use zerotx::BufPool;
