@@ -188,9 +188,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "MIB", default_value_t = 32)]
     pub ring_mib: usize,
     /// Put the buffer ring on transparent huge pages (`BufPool::huge`): zero-copy then pins one
-    /// page reference per 2 MiB instead of one per 4 KiB. Engines that register the ring with
-    /// io_uring (uring-zc-fixed, auto, raw-uring-zc-fixed) keep it on small pages, which
-    /// registration needs.
+    /// page reference per 2 MiB instead of one per 4 KiB. The engines that register the ring
+    /// with io_uring (uring-zc-fixed, raw-uring-zc-fixed) keep it on small pages, which
+    /// registration needs; auto takes the huge ring unregistered.
     #[arg(long)]
     pub huge_pages: bool,
     /// Print JSON instead of the table.

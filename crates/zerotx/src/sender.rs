@@ -310,7 +310,22 @@ impl<B: SendBuf> Sender<B> {
     /// on io_uring have registered sends; `auto` on `sendmsg(2)` accepts the pool and sends its
     /// buffers as any other; other engines answer [`Error::Unsupported`]. Other buffers still
     /// work.
+    ///
+    /// A pool made by [`BufPool::huge`] is never registered: `uring-zc` answers
+    /// [`Error::Config`] (io_uring would charge every send from it for its whole huge page),
+    /// and `auto` sends its buffers as any other, whichever path it runs on, with a note in
+    /// [`explain`](Self::explain). For the fastest sends from registered memory, register a
+    /// [`BufPool::new`] pool: `uring-zc-fixed` from it measured faster than `uring-zc` from a huge
+    /// pool into the black hole.
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
+        if pool.is_huge() && self.kind == EngineKind::Auto {
+            self.notes.push(
+                "a pool on huge pages (BufPool::huge) was offered for registration: it is not \
+                 registered, and its buffers go as any other"
+                    .into(),
+            );
+            return Ok(());
+        }
         match self.engine.register_pool(pool) {
             Err(Error::Unsupported { .. }) if self.kind == EngineKind::Auto => {
                 self.notes.push(

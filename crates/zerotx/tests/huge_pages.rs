@@ -68,43 +68,40 @@ impl Drop for Thp {
 }
 
 /// The `/proc/self/smaps` entry of the mapping that holds `addr`: its `AnonHugePages` (kB) and
-/// `VmFlags` lines.
+/// `VmFlags`.
 fn mapping_of(addr: usize) -> (u64, String) {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    let (mut huge, mut flags) = (None, None);
-    for line in smaps.lines() {
-        let head = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = head.split_once('-') {
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = (a..b).contains(&addr);
-                continue;
-            }
-        }
-        if !inside {
-            continue;
-        }
-        if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-            huge = kb.trim().trim_end_matches("kB").trim().parse().ok();
-        } else if let Some(f) = line.strip_prefix("VmFlags:") {
-            flags = Some(f.trim().to_string());
-        }
-    }
-    (
-        huge.unwrap_or_else(|| panic!("no mapping holds {addr:#x}")),
-        flags.unwrap_or_default(),
-    )
+    zerotx_testbed::mapping_of(addr).unwrap_or_else(|| panic!("no mapping holds {addr:#x}"))
 }
 
-/// `SO_MEMINFO`'s first counter: the receive memory charged to `fd`.
-fn rmem_alloc(fd: RawFd) -> u32 {
+/// `SO_MEMINFO`'s counters of `fd` (`SK_MEMINFO_*`).
+fn meminfo(fd: RawFd) -> [u32; 9] {
     let mut mem = [0u32; 9];
     let mut len = std::mem::size_of_val(&mem) as libc::socklen_t;
     // SAFETY: the buffer is live and `len` is its size; the kernel writes at most that.
     let rc =
         unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, 55, mem.as_mut_ptr().cast(), &mut len) };
     assert_eq!(rc, 0, "SO_MEMINFO: {}", std::io::Error::last_os_error());
-    mem[0]
+    mem
+}
+
+/// The receive memory charged to `fd` (`SK_MEMINFO_RMEM_ALLOC`).
+fn rmem_alloc(fd: RawFd) -> u32 {
+    meminfo(fd)[0]
+}
+
+/// The send memory charged to `fd`'s write queue (`SK_MEMINFO_WMEM_QUEUED`): what limits a TCP
+/// sender.
+fn wmem_queued(fd: RawFd) -> u32 {
+    meminfo(fd)[5]
+}
+
+/// Bytes sent and not yet acknowledged, or not yet sent, on `fd` (`SIOCOUTQ`).
+fn unacked(fd: RawFd) -> u32 {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int into the live `n`.
+    let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n) };
+    assert_eq!(rc, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    n as u32
 }
 
 /// Bytes waiting to be read on `fd` (`FIONREAD`).
@@ -136,33 +133,40 @@ fn a_pool_is_never_on_huge_pages_and_its_sends_are_charged_at_their_size() {
     drop(blocks);
 
     // And what that is for: zero-copy sends from a registered pool, charged at their size.
-    let pool = BufPool::new(64 << 10, 4).unwrap();
+    let pool = BufPool::new(64 << 10, 16).unwrap();
     assert_charged_at_size(&pool, EngineKind::UringZc, true);
 }
 
-/// Sends all of `pool`'s blocks (touched first: the first touch decides the page size) of 64 KiB
+/// Sends 16 of `pool`'s blocks (touched first: the first touch decides the page size) of 64 KiB
 /// over TCP loopback with `engine` to a peer that never reads, registering `pool` first if
-/// `register`, and checks the receiver is charged about the bytes it holds.
+/// `register`, and checks the receiver is charged about the bytes it holds, and the sender about
+/// the bytes its socket holds (more than the receiver takes).
 fn assert_charged_at_size(pool: &BufPool, engine: EngineKind, register: bool) {
-    let mut blocks: Vec<_> = std::iter::from_fn(|| pool.take()).take(4).collect();
+    let mut blocks: Vec<_> = std::iter::from_fn(|| pool.take()).take(16).collect();
+    assert_eq!(blocks.len(), 16);
     for b in &mut blocks {
         b.fill(0x5a);
     }
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
     let (peer, _) = listener.accept().unwrap(); // never reads
+    let client_fd = client.as_raw_fd();
     let mut tx = Sender::new(client, engine).unwrap();
     if register {
         tx.register_pool(pool).unwrap();
     }
-    for b in blocks {
-        tx.try_send(b.freeze(64 << 10)).unwrap();
-    }
-    // What the receiver holds once it stopped growing.
+    let mut pending: std::collections::VecDeque<_> =
+        blocks.into_iter().map(|b| b.freeze(64 << 10)).collect();
+    let mut out = Vec::new();
+    // What the receiver holds once it stopped growing, the sender going on as far as it can.
     let fd = peer.as_raw_fd();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut last = (0, 0);
     loop {
+        if !pending.is_empty() {
+            tx.try_send_batch(&mut pending).unwrap();
+        }
+        tx.reap(&mut out).unwrap();
         std::thread::sleep(Duration::from_millis(100));
         let now = (queued(fd), rmem_alloc(fd));
         if (now == last && now.0 > 0) || Instant::now() > deadline {
@@ -172,6 +176,19 @@ fn assert_charged_at_size(pool: &BufPool, engine: EngineKind, register: bool) {
     }
     let (bytes, charged) = last;
     assert!(bytes > 0, "{engine}: nothing arrived within 5 s");
+    // And the sender, for what the receiver did not take: its write queue is charged about the
+    // bytes in it (plus an skb's overhead per 64 KiB), not whole huge pages.
+    let (held, queued_mem) = (unacked(client_fd), wmem_queued(client_fd));
+    assert!(
+        held > 0,
+        "{engine}: the receiver took everything; the sender's charge is not checked"
+    );
+    assert!(
+        u64::from(queued_mem) <= 2 * u64::from(held) + (16 << 10),
+        "{engine}: the sender is charged {queued_mem} bytes of send memory for {held} bytes \
+         unsent or unacknowledged"
+    );
+    eprintln!("{engine}: receiver {charged} for {bytes}, sender {queued_mem} for {held}");
     // Small pages: a 64 KiB loopback segment costs its bytes plus about 10% (74560 for 65536
     // measured). Huge pages: 3.3 MB for the same.
     assert!(
@@ -251,6 +268,14 @@ fn registering_a_huge_pool_is_refused_with_what_to_do() {
         }
         other => panic!("registering a huge pool: {other:?}"),
     }
+    // `auto` takes a huge pool as unregistered, on whichever path it runs, and says so.
+    let listener2 = TcpListener::bind("127.0.0.1:0").unwrap();
+    let auto_client = TcpStream::connect(listener2.local_addr().unwrap()).unwrap();
+    let mut auto: Sender<zerotx::PooledBuf> = Sender::new(auto_client, EngineKind::Auto).unwrap();
+    auto.register_pool(&pool).unwrap();
+    let said = auto.explain().lines.join("\n");
+    assert!(said.contains("huge pages"), "{said}");
+    drop(auto.close(Duration::from_secs(1)));
     // The sender is unharmed: a pool on small pages registers, and sends.
     let small = BufPool::new(64 << 10, 4).unwrap();
     tx.register_pool(&small).unwrap();
@@ -262,7 +287,18 @@ fn registering_a_huge_pool_is_refused_with_what_to_do() {
 
 #[test]
 fn zero_copy_from_a_huge_pool_is_zero_copy() {
+    let Some(_thp) = Thp::set("madvise") else {
+        return;
+    };
     let pool = BufPool::huge(65000, 64).unwrap();
+    // Every block written (its index in each byte), so the sends read the pool's own pages.
+    let mut blocks: Vec<_> = std::iter::from_fn(|| pool.take()).collect();
+    for (i, b) in blocks.iter_mut().enumerate() {
+        b.fill(i as u8);
+    }
+    drop(blocks);
+    let (huge, _) = mapping_of(pool.region().0 as usize);
+    assert!(huge >= 2048, "{huge} kB of the pool on huge pages");
     util::in_black_hole(65535, |bh| {
         for engine in [EngineKind::MsgZerocopy, EngineKind::UringZc] {
             let mut tx = Sender::connect_udp(bh.v4, engine).unwrap();

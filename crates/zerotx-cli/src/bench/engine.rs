@@ -32,12 +32,10 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// Registers its buffer ring with io_uring (so the ring must be on small pages).
+    /// Registers its buffer ring with io_uring (so the ring must be on small pages). `auto`
+    /// offers the ring for registration too, but takes a huge one as unregistered.
     pub fn registers_ring(self) -> bool {
-        matches!(
-            self,
-            Engine::Auto | Engine::UringZcFixed | Engine::RawUringZcFixed
-        )
+        matches!(self, Engine::UringZcFixed | Engine::RawUringZcFixed)
     }
 
     /// zerotx's engines: the default columns.
