@@ -72,7 +72,8 @@ pub struct ProbeReport {
     /// The process has `CAP_IPC_LOCK`, which lifts the locked-memory limit.
     pub cap_ipc_lock: bool,
     /// Transparent huge pages: `always`, `madvise` or `never` (the mode in
-    /// `/sys/kernel/mm/transparent_hugepage/enabled`); `None` without them. Under `always` or
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`, or the 2 MiB size's own where it does not
+    /// say `inherit`); `None` without them. Under `always` or
     /// `madvise` a [`BufPool::huge`](crate::BufPool::huge) pool gets huge pages.
     pub huge_pages: Option<String>,
     /// Loopback behaviour, measured.
@@ -222,9 +223,7 @@ pub fn probe() -> ProbeReport {
         optmem_max: sys::optmem_max(),
         memlock_soft,
         cap_ipc_lock: has_cap_ipc_lock(),
-        huge_pages: std::fs::read_to_string(THP_ENABLED)
-            .ok()
-            .and_then(|t| thp_mode(&t)),
+        huge_pages: thp_setting(),
         loopback: LoopbackCheck {
             msg_zerocopy_copied,
             uring_copied,
@@ -238,6 +237,24 @@ pub fn probe() -> ProbeReport {
 
 /// Where the kernel says its transparent huge page mode.
 const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+/// The mode of 2 MiB pages alone (6.8+), which may override it.
+const THP_PMD_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/enabled";
+
+/// The mode that governs 2 MiB huge pages: the per-size one where the kernel has it and it does
+/// not say `inherit`, else the machine's.
+fn thp_setting() -> Option<String> {
+    let read = |path| {
+        std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| thp_mode(&t))
+    };
+    let top = read(THP_ENABLED)?;
+    Some(
+        read(THP_PMD_ENABLED)
+            .filter(|m| m != "inherit")
+            .unwrap_or(top),
+    )
+}
 
 /// The selected mode of `text`, as the kernel writes it: `always [madvise] never`.
 fn thp_mode(text: &str) -> Option<String> {
