@@ -2,9 +2,12 @@
 //! mock executor; here the runner is a trait and the tests bring a fake one).
 //!
 //! - **Interleaved repetitions.** Repetition `r` goes over every size, and at each size over every
-//!   engine, starting with engine `r mod engines`: each repetition starts with a different
-//!   engine, so drift on a shared machine (another tenant, a warming cache, thermal limits)
-//!   spreads over all engines instead of landing on whichever always runs first or last.
+//!   engine once, in an order shuffled afresh for each repetition and size (from a fixed seed, so
+//!   a plan always runs in the same order). Drift on a shared machine (another tenant, a warming
+//!   cache, thermal limits) then spreads over all engines instead of landing on whichever always
+//!   runs first or last, and so does what a run leaves behind for the next: a rotation kept every
+//!   engine's neighbour fixed, and `copy` ran right after liburing's example exited (its process
+//!   and ring torn down) in every repetition, `raw-copy` after zerotx's `uring-zc-fixed`.
 //! - **Errors.** A cell whose run failed keeps the runs it had and its first error; its later
 //!   repetitions are skipped (reported, not run), and every other cell goes on.
 
@@ -40,14 +43,31 @@ impl Plan {
     pub fn order(&self) -> impl Iterator<Item = Slot> + '_ {
         (0..self.repeat).flat_map(move |rep| {
             (0..self.sizes).flat_map(move |size| {
-                (0..self.engines).map(move |k| Slot {
-                    rep,
-                    size,
-                    engine: (k + rep) % self.engines,
-                })
+                shuffled(self.engines, (rep * self.sizes + size) as u64)
+                    .into_iter()
+                    .map(move |engine| Slot { rep, size, engine })
             })
         })
     }
+}
+
+/// `0..n` in an order drawn from `seed` (Fisher-Yates over SplitMix64: any permutation can come,
+/// and the same seed gives the same one).
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut state = seed ^ 0x005e_ed0f_2e70_7e55;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut v: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
 }
 
 /// Makes one run of one cell.
@@ -157,7 +177,7 @@ mod tests {
     }
 
     #[test]
-    fn each_repetition_starts_with_another_engine_and_covers_every_cell() {
+    fn every_cell_runs_once_per_repetition_in_orders_that_vary() {
         let plan = Plan {
             sizes: 2,
             engines: 3,
@@ -165,11 +185,15 @@ mod tests {
         };
         let order: Vec<Slot> = plan.order().collect();
         assert_eq!(order.len(), plan.total());
-        let firsts: Vec<usize> = (0..3).map(|r| order[r * 6].engine).collect();
-        assert_eq!(firsts, [0, 1, 2]);
-        // Within a repetition and size, every engine once, rotated.
-        let rep1_size0: Vec<usize> = order[6..9].iter().map(|s| s.engine).collect();
-        assert_eq!(rep1_size0, [1, 2, 0]);
+        assert_eq!(
+            order,
+            plan.order().collect::<Vec<_>>(),
+            "the same plan, the same order"
+        );
+        // Grouped by repetition, then size.
+        for (i, s) in order.iter().enumerate() {
+            assert_eq!((s.rep, s.size), (i / 6, i / 3 % 2), "{i}: {s:?}");
+        }
         for rep in 0..3 {
             for size in 0..2 {
                 for engine in 0..3 {
@@ -180,6 +204,38 @@ mod tests {
                     assert_eq!(n, 1, "{rep} {size} {engine}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn no_engine_keeps_its_place_or_its_neighbour() {
+        // Seven columns (compare-raw's UDP table), 60 repetitions of one size: every engine runs
+        // first, and after several different engines.
+        let plan = Plan {
+            sizes: 1,
+            engines: 7,
+            repeat: 60,
+        };
+        let order: Vec<usize> = plan.order().map(|s| s.engine).collect();
+        for e in 0..7 {
+            let firsts = order.chunks(7).filter(|c| c[0] == e).count();
+            assert!(
+                (2..=20).contains(&firsts),
+                "engine {e} first {firsts} times of 60"
+            );
+            let mut before = std::collections::BTreeSet::new();
+            for w in order.windows(2).filter(|w| w[1] == e) {
+                before.insert(w[0]);
+            }
+            assert!(
+                before.len() >= 5,
+                "engine {e} only ever ran after {before:?}"
+            );
+        }
+        for n in 0..10 {
+            let mut s = shuffled(n, 42);
+            s.sort_unstable();
+            assert_eq!(s, (0..n).collect::<Vec<_>>(), "a permutation of {n}");
         }
     }
 
