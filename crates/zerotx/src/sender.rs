@@ -315,8 +315,8 @@ impl<B: SendBuf> Sender<B> {
     /// [`Error::Config`] (io_uring would charge every send from it for its whole huge page),
     /// and `auto` sends its buffers as any other, whichever path it runs on, with a note in
     /// [`explain`](Self::explain). For the fastest sends from registered memory, register a
-    /// [`BufPool::new`] pool: `uring-zc-fixed` from it measured faster than `uring-zc` from a huge
-    /// pool into the black hole.
+    /// [`BufPool::new`] pool: `uring-zc-fixed` from it measured 1.21x `uring-zc` from a huge pool
+    /// into the black hole, at 16 KiB and 65000 B in the same run.
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
         if pool.is_huge() && self.kind == EngineKind::Auto {
             self.notes.push(
