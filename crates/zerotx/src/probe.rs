@@ -223,7 +223,7 @@ pub fn probe() -> ProbeReport {
         optmem_max: sys::optmem_max(),
         memlock_soft,
         cap_ipc_lock: has_cap_ipc_lock(),
-        huge_pages: thp_setting(),
+        huge_pages: huge_page_mode(),
         loopback: LoopbackCheck {
             msg_zerocopy_copied,
             uring_copied,
@@ -240,9 +240,13 @@ const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 /// The mode of 2 MiB pages alone (6.8+), which may override it.
 const THP_PMD_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/hugepages-2048kB/enabled";
 
-/// The mode that governs 2 MiB huge pages: the per-size one where the kernel has it and it does
-/// not say `inherit`, else the machine's.
-fn thp_setting() -> Option<String> {
+/// The transparent huge page mode that governs 2 MiB pages (what [`BufPool::huge`] asks for):
+/// `always`, `madvise` or `never`, from the 2 MiB size's own setting where the kernel has one
+/// (6.8+) and it does not say `inherit`, else the machine's; `None` without transparent huge
+/// pages.
+///
+/// [`BufPool::huge`]: crate::BufPool::huge
+pub fn huge_page_mode() -> Option<String> {
     let read = |path| {
         std::fs::read_to_string(path)
             .ok()
@@ -300,7 +304,8 @@ pub fn advise(r: &ProbeReport) -> Vec<String> {
             "Transparent huge pages are off (`never`): a BufPool::huge pool gets small pages, and \
              zero-copy pins one page reference per 4 KiB instead of one per 2 MiB (with them \
              msg-zc measured 1.28x at 65000 B into a black hole); `echo madvise > \
-             /sys/kernel/mm/transparent_hugepage/enabled` lets pools that ask have them."
+             /sys/kernel/mm/transparent_hugepage/enabled` (and `echo inherit >` its \
+             hugepages-2048kB/enabled, where that says never) lets pools that ask have them."
                 .into(),
         );
     }

@@ -319,11 +319,11 @@ impl<B: SendBuf> Sender<B> {
     /// into the black hole, at 16 KiB and 65000 B in the same run.
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
         if pool.is_huge() && self.kind == EngineKind::Auto {
-            self.notes.push(
-                "a pool on huge pages (BufPool::huge) was offered for registration: it is not \
-                 registered, and its buffers go as any other"
-                    .into(),
-            );
+            let note = "a pool on huge pages (BufPool::huge) was offered for registration: it is \
+                        not registered, and its buffers go as any other";
+            if !self.notes.iter().any(|n| n == note) {
+                self.notes.push(note.into());
+            }
             return Ok(());
         }
         match self.engine.register_pool(pool) {
