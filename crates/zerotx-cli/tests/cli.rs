@@ -218,8 +218,8 @@ fn bench_csv_and_plot_outputs() {
 #[test]
 fn bench_huge_pages_runs_every_engine_and_says_so() {
     bench_needs_root();
-    // uring-zc-fixed and auto register the ring: they must get one on small pages (io_uring
-    // refuses a huge pool), the others the huge one.
+    // uring-zc-fixed registers the ring: it must get one on small pages (io_uring refuses a huge
+    // pool); the others, auto included (which takes a huge ring unregistered), the huge one.
     let v = bench_json(&[
         "--huge-pages",
         "--duration",

@@ -20,8 +20,8 @@
 //! **Unless asked: [`BufPool::huge`].** A pool that is never registered loses nothing on huge
 //! pages and gains much: `MSG_ZEROCOPY` and io_uring's `SEND_ZC` from user memory take a
 //! reference on every page of every send (`gup_fast_fallback`: 30% of the samples of a 65000-byte
-//! `msg-zc` send into the black hole), and on a huge page that is one reference per huge page
-//! instead of one per 4 KiB page; a copy reads it with fewer TLB misses. Measured with `zerotx bench --huge-pages` (see
+//! `msg-zc` send into the black hole), and on a huge page that is one atomic reference update per
+//! huge page instead of one per 4 KiB page; a copy reads it with fewer TLB misses. Measured with `zerotx bench --huge-pages` (see
 //! the README). The kernel's charge for such a send is `PAGE_ALIGN(len + offset)` of the 4 KiB
 //! page the send starts in (`__zerocopy_sg_from_iter`), so only io_uring's registration, which
 //! merges the huge pages into one segment, overcharges: a huge pool refuses it
@@ -137,7 +137,8 @@ fn map_region(len: usize, huge: bool) -> std::io::Result<(NonNull<u8>, usize)> {
     if huge {
         // A write fault on each huge page now, so the pool holds huge pages from the start. A
         // read first would map the huge zero page, and before 6.13 the first write to that splits
-        // it into small pages for good (`do_huge_pmd_wp_page`): a block read before it is written
+        // it into small pages (`do_huge_pmd_wp_page`; until khugepaged collapses them again, if it
+        // ever does): a block read before it is written
         // (a zero-copy send of a fresh block, or `PoolBufMut`'s deref) would cost the pool its
         // huge pages. It also pays the huge pages' allocation (and compaction, with `defrag`
         // `madvise`) here, not at a send.
@@ -199,7 +200,9 @@ impl BufPool {
     /// For the buffers of `copy`, `msg-zc`, `uring-zc` and `auto` without registration: zero-copy
     /// sends take one page reference per huge page instead of one per 4 KiB (see the module
     /// docs). Each huge page is written once here (the memory stays zero), so the pool holds its
-    /// huge pages from the start, whatever is read first. Not for
+    /// huge pages from the start, whatever is read first: unlike [`new`](Self::new)'s, the whole
+    /// pool is resident once made (under memory overcommit, a pool too large for the machine may
+    /// meet the OOM killer here rather than an error). Not for
     /// [`Sender::register_pool`](crate::Sender::register_pool): `uring-zc` refuses it (io_uring
     /// would charge each send from it for a whole huge page), and `auto` takes it as unregistered.
     ///
