@@ -137,11 +137,10 @@ fn map_region(len: usize, huge: bool) -> std::io::Result<(NonNull<u8>, usize)> {
     if huge {
         // A write fault on each huge page now, so the pool holds huge pages from the start. A
         // read first would map the huge zero page, and before 6.13 the first write to that splits
-        // it into small pages (`do_huge_pmd_wp_page`; until khugepaged collapses them again, if it
-        // ever does): a block read before it is written
-        // (a zero-copy send of a fresh block, or `PoolBufMut`'s deref) would cost the pool its
-        // huge pages. It also pays the huge pages' allocation (and compaction, with `defrag`
-        // `madvise`) here, not at a send.
+        // it into small pages (`do_huge_pmd_wp_page`; until khugepaged collapses them again, if
+        // it ever does): a block read before it is written (a zero-copy send of a fresh block, or
+        // `PoolBufMut`'s deref) would cost the pool its huge pages. It also pays the huge pages'
+        // allocation (and compaction, with `defrag` `madvise`) here, not at a send.
         for at in (0..len).step_by(HUGE_PAGE) {
             // SAFETY: `at` < `len`: inside the mapping kept, which nothing else references yet;
             // it is zero, and stays zero.
