@@ -248,8 +248,17 @@ fn brief(s: &Stats) -> String {
 }
 
 /// Integrity with immediate overwrite: 4 MiB through a pool of four 64 KiB blocks to a slow,
-/// verifying reader (16 KiB receive buffer, 8 KiB reads, 2 ms between them).
+/// verifying reader ([`through_slow_reader`]).
 pub fn integrity(t: Transport, v: Variant) -> Check {
+    let pool = BufPool::new(64 << 10, 4).map_err(|e| e.to_string())?;
+    through_slow_reader(t, v.kind, &pool, v.registered)
+}
+
+/// `kind` sends 4 MiB of the stream pattern over `t` in 64 KiB sends from `pool` (registered
+/// first if `register`), every block scribbled the moment it comes back, to a slow, verifying
+/// reader (16 KiB receive buffer, 8 KiB reads, 2 ms between them), which keeps the sender's
+/// socket full.
+fn through_slow_reader(t: Transport, kind: EngineKind, pool: &BufPool, register: bool) -> Check {
     const TOTAL: u64 = 4 << 20;
     const BLOCK: usize = 64 << 10;
     let slow = Peer {
@@ -259,13 +268,12 @@ pub fn integrity(t: Transport, v: Variant) -> Check {
         chunk: 8 << 10,
     };
     let (fd, reader) = connect(t, slow)?;
-    let mut tx = Sender::new(fd, v.kind).map_err(|e| format!("Sender::new: {e}"))?;
-    let pool = BufPool::new(BLOCK, 4).map_err(|e| e.to_string())?;
-    if v.registered {
-        tx.register_pool(&pool)
+    let mut tx = Sender::new(fd, kind).map_err(|e| format!("Sender::new: {e}"))?;
+    if register {
+        tx.register_pool(pool)
             .map_err(|e| format!("register_pool: {e}"))?;
     }
-    let tally = pooled_stream(&mut tx, &pool, TOTAL, BLOCK)?;
+    let tally = pooled_stream(&mut tx, pool, TOTAL, BLOCK)?;
     let stats = finish(tx, reader, TOTAL)?;
     Ok(format!(
         "{TOTAL} bytes intact through a slow reader, {} buffers back and overwritten; {}",
@@ -303,35 +311,11 @@ pub fn huge_pool(kind: EngineKind) -> Check {
             "{huge_kb} kB of a 4 MiB huge pool on huge pages after a read and a write (thp {thp})"
         ));
     }
-    // 4 MiB to a slow, verifying reader over TCP loopback.
-    const TOTAL: u64 = 4 << 20;
-    let slow = Peer {
-        verify: true,
-        pause: Duration::from_millis(2),
-        rcvbuf: Some(16 << 10),
-        chunk: 8 << 10,
-    };
-    let (fd, reader) = connect(Transport::Tcp, slow)?;
-    let mut tx = Sender::new(fd, kind).map_err(|e| format!("Sender::new: {e}"))?;
-    pooled_stream(&mut tx, &pool, TOTAL, BLOCK)?;
-    finish(tx, reader, TOTAL)?;
-    // 200 datagrams through the dummy device: zero-copy, all of them.
-    const N: u64 = 200;
-    const LEN: usize = 65000;
-    let (fd, _) = connect(Transport::Dummy, Peer::default())?;
-    let mut tx = Sender::new(fd, kind).map_err(|e| format!("Sender::new: {e}"))?;
-    let tally = pooled_stream(&mut tx, &pool, N * LEN as u64, LEN)?;
-    let stats = finish(tx, None, 0)?;
-    let line = format!(
-        "{huge_kb} kB on huge pages (thp {thp}); {TOTAL} bytes intact through a slow reader; \
-         {} of {N} datagrams zero-copy; {}",
-        tally.zerocopy,
-        brief(&stats)
-    );
-    if tally.released as u64 != N || tally.zerocopy as u64 != N {
-        return Err(line);
-    }
-    Ok(line)
+    let stream = through_slow_reader(Transport::Tcp, kind, &pool, false)?;
+    let datagrams = into_dummy(kind, &pool, false)?;
+    Ok(format!(
+        "{huge_kb} kB on huge pages (thp {thp}); {stream}; {datagrams}"
+    ))
 }
 
 /// An io_uring engine either works (a short stream arrives intact, every buffer back) or is
@@ -375,16 +359,22 @@ pub fn uring_engine(t: Transport, v: Variant) -> Check {
 
 /// UDP into the dummy device: 200 datagrams of 65000 bytes, every one back NOT copied.
 pub fn dummy(v: Variant) -> Check {
+    let pool = BufPool::new(65000, 16).map_err(|e| e.to_string())?;
+    into_dummy(v.kind, &pool, v.registered)
+}
+
+/// `kind` sends 200 datagrams of 65000 bytes from `pool` (registered first if `register`)
+/// through the dummy device: every one must come back, zero-copy (NOT copied).
+fn into_dummy(kind: EngineKind, pool: &BufPool, register: bool) -> Check {
     const N: u64 = 200;
     const LEN: usize = 65000;
     let (fd, _) = connect(Transport::Dummy, Peer::default())?;
-    let mut tx = Sender::new(fd, v.kind).map_err(|e| format!("Sender::new: {e}"))?;
-    let pool = BufPool::new(LEN, 16).map_err(|e| e.to_string())?;
-    if v.registered {
-        tx.register_pool(&pool)
+    let mut tx = Sender::new(fd, kind).map_err(|e| format!("Sender::new: {e}"))?;
+    if register {
+        tx.register_pool(pool)
             .map_err(|e| format!("register_pool: {e}"))?;
     }
-    let tally = pooled_stream(&mut tx, &pool, N * LEN as u64, LEN)?;
+    let tally = pooled_stream(&mut tx, pool, N * LEN as u64, LEN)?;
     let path = tx.explain().path;
     let stats = finish(tx, None, 0)?;
     let line = format!(
