@@ -96,6 +96,20 @@ fn mapping_of(addr: usize) -> (u64, String) {
     zerotx_testbed::mapping_of(addr).unwrap_or_else(|| panic!("no mapping holds {addr:#x}"))
 }
 
+/// A TCP connection over loopback: the client, and the accepted peer (whose receive buffer is
+/// `rcvbuf`, inherited from the listener, if given).
+fn loopback_pair(rcvbuf: Option<usize>) -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    if let Some(n) = rcvbuf {
+        socket2::SockRef::from(&listener)
+            .set_recv_buffer_size(n)
+            .unwrap();
+    }
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (peer, _) = listener.accept().unwrap();
+    (client, peer)
+}
+
 /// `SO_MEMINFO`'s counters of `fd` (`SK_MEMINFO_*`).
 fn meminfo(fd: RawFd) -> [u32; 9] {
     let mut mem = [0u32; 9];
@@ -170,14 +184,9 @@ fn assert_charged_at_size(pool: &BufPool, engine: EngineKind, register: bool) {
     for b in &mut blocks {
         b.fill(0x5a);
     }
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     // A receive buffer the peer inherits, so what it takes does not depend on the machine's
     // tcp_rmem (a peer that never reads never grows its buffer past the default).
-    socket2::SockRef::from(&listener)
-        .set_recv_buffer_size(64 << 10)
-        .unwrap();
-    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (peer, _) = listener.accept().unwrap(); // never reads
+    let (client, peer) = loopback_pair(Some(64 << 10)); // the peer never reads
     let client_fd = client.as_raw_fd();
     let mut tx = Sender::new(client, engine).unwrap();
     if register {
@@ -275,8 +284,7 @@ fn a_huge_pool_is_on_huge_pages_and_sends_from_it_are_charged_at_their_size() {
 fn registering_a_huge_pool_is_refused_with_what_to_do() {
     let _one = MODE.lock().unwrap_or_else(|e| e.into_inner());
     let pool = BufPool::huge(64 << 10, 4).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (client, _peer) = loopback_pair(None);
     let mut tx = match Sender::new(client, EngineKind::UringZc) {
         Ok(tx) => tx,
         Err(e @ Error::Unsupported { .. }) => {
@@ -311,9 +319,7 @@ fn auto_takes_a_huge_pool_unregistered_and_says_so() {
     let _one = MODE.lock().unwrap_or_else(|e| e.into_inner());
     let pool = BufPool::huge(64 << 10, 4).unwrap();
     // On whichever path `auto` runs here (io_uring, or sendmsg where io_uring is off).
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (peer, _) = listener.accept().unwrap();
+    let (client, peer) = loopback_pair(None);
     let mut auto: Sender<zerotx::PooledBuf> = Sender::new(client, EngineKind::Auto).unwrap();
     auto.register_pool(&pool).unwrap();
     auto.register_pool(&pool).unwrap();
