@@ -21,11 +21,12 @@
 //! pages and gains much: `MSG_ZEROCOPY` and io_uring's `SEND_ZC` from user memory take a
 //! reference on every page of every send (`gup_fast_fallback`: 30% of the samples of a 65000-byte
 //! `msg-zc` send into the black hole), and on a huge page that is one atomic reference update per
-//! huge page instead of one per 4 KiB page; a copy reads it with fewer TLB misses. Measured with `zerotx bench --huge-pages` (see
-//! the README). The kernel's charge for such a send is `PAGE_ALIGN(len + offset)` of the 4 KiB
-//! page the send starts in (`__zerocopy_sg_from_iter`), so only io_uring's registration, which
-//! merges the huge pages into one segment, overcharges: a huge pool refuses it
-//! ([`Sender::register_pool`](crate::Sender::register_pool) answers [`Error::Config`](crate::Error::Config)).
+//! huge page instead of one per 4 KiB page; a copy reads it with fewer TLB misses. Measured with
+//! `zerotx bench --huge-pages` (see the README). The kernel's charge for such a send is
+//! `PAGE_ALIGN(len + offset)` of the 4 KiB page the send starts in (`__zerocopy_sg_from_iter`),
+//! so only io_uring's registration, which merges the huge pages into one segment, overcharges: a
+//! huge pool is never registered ([`Sender::register_pool`](crate::Sender::register_pool) answers
+//! [`Error::Config`](crate::Error::Config) for `uring-zc`, and `auto` takes it unregistered).
 #![allow(unsafe_code)]
 
 use std::alloc::Layout;
