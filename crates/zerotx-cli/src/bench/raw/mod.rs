@@ -36,7 +36,7 @@ use std::time::Instant;
 use anyhow::Context;
 use zerotx::{BufPool, PoolBufMut};
 
-use super::runner::{Every, Latencies};
+use super::runner::{ring_blocks, Every, Latencies};
 
 /// Turns a libc `-1` into the OS error.
 fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
@@ -142,7 +142,7 @@ struct BufRing {
 
 impl BufRing {
     fn new(pool: &BufPool, len: usize) -> anyhow::Result<Self> {
-        let blocks: Vec<PoolBufMut> = std::iter::from_fn(|| pool.take()).collect();
+        let blocks = ring_blocks(pool);
         anyhow::ensure!(!blocks.is_empty(), "the buffer ring is empty");
         anyhow::ensure!(
             len <= blocks[0].len(),
