@@ -485,7 +485,12 @@ impl<B: SendBuf> Sender<B> {
     /// kernel released to `out`. Returns how many it appended.
     pub fn reap(&mut self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
         let before = out.len();
-        out.append(&mut self.ready);
+        if before == 0 {
+            // The common case: hand over the whole list instead of copying it.
+            std::mem::swap(out, &mut self.ready);
+        } else {
+            out.append(&mut self.ready);
+        }
         let (sock, engine) = self.parts();
         engine.progress(sock, out)?;
         Ok(out.len() - before)

@@ -315,10 +315,12 @@ struct Block {
 }
 
 impl Block {
+    #[inline]
     fn offset(&self) -> usize {
         self.idx as usize * self.pool.block
     }
 
+    #[inline]
     fn ptr(&self) -> *mut u8 {
         // SAFETY: idx < count, so the offset stays inside the allocation.
         unsafe { self.pool.base.as_ptr().add(self.offset()) }
@@ -349,6 +351,7 @@ impl fmt::Debug for PoolBufMut {
 impl PoolBufMut {
     /// Makes the first `len` bytes an immutable, sendable buffer. Panics if `len` exceeds the
     /// block size.
+    #[inline]
     pub fn freeze(self, len: usize) -> PooledBuf {
         assert!(
             len <= self.block.pool.block,
@@ -364,6 +367,7 @@ impl PoolBufMut {
 
 impl Deref for PoolBufMut {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: the block is in bounds, initialised (zeroed at allocation) and owned by this
         // handle alone.
@@ -372,6 +376,7 @@ impl Deref for PoolBufMut {
 }
 
 impl DerefMut for PoolBufMut {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as in deref; &mut self makes the access unique.
         unsafe { std::slice::from_raw_parts_mut(self.block.ptr(), self.block.pool.block) }
@@ -393,6 +398,7 @@ impl fmt::Debug for PooledBuf {
 impl PooledBuf {
     /// Reopens the block for writing, keeping it out of the pool. Only possible because the
     /// sender gave this value back, which it does only after the kernel released the bytes.
+    #[inline]
     pub fn into_mut(self) -> PoolBufMut {
         PoolBufMut { block: self.block }
     }
@@ -400,6 +406,7 @@ impl PooledBuf {
 
 impl Deref for PooledBuf {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         // SAFETY: len <= block size (checked in freeze); the block is owned by this handle.
         unsafe { std::slice::from_raw_parts(self.block.ptr(), self.len) }
@@ -409,10 +416,12 @@ impl Deref for PooledBuf {
 // SAFETY: the block lies in a region that lives as long as any handle (Arc) and no other handle
 // can reach it; PooledBuf gives out only shared access.
 unsafe impl SendBuf for PooledBuf {
+    #[inline]
     fn as_bytes(&self) -> &[u8] {
         self
     }
 
+    #[inline]
     fn registered(&self) -> Option<(u64, usize)> {
         Some((self.block.pool.region, self.block.offset()))
     }
