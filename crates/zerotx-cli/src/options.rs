@@ -193,6 +193,11 @@ pub struct BenchArgs {
     /// registration needs; auto takes the huge ring unregistered.
     #[arg(long)]
     pub huge_pages: bool,
+    /// Seed of the run order: each repetition runs a size's engines in an order drawn from it.
+    /// The same seed gives the same orders; alternate seeds between runs that are compared, so
+    /// no engine keeps its neighbours across them. Recorded in the JSON.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
     /// Print JSON instead of the table.
     #[arg(long, conflicts_with_all = ["csv", "markdown"])]
     pub json: bool,
@@ -233,6 +238,8 @@ pub struct BenchOptions {
     pub ring_bytes: usize,
     /// The ring on huge pages for engines that do not register it (`--huge-pages`).
     pub huge_pages: bool,
+    /// Seed of the run order (`--seed`).
+    pub seed: u64,
     /// liburing's send-zerocopy example, when its column is wanted.
     pub liburing: Option<PathBuf>,
     /// What goes to standard output.
@@ -387,6 +394,7 @@ impl BenchArgs {
             topologies,
             ring_bytes: self.ring_mib << 20,
             huge_pages: self.huge_pages,
+            seed: self.seed,
             liburing: self.liburing,
             stdout,
             exports,
@@ -438,6 +446,7 @@ mod tests {
         assert!(o.exports.is_empty());
         let q = check(&["--quick"]).unwrap();
         assert_eq!((q.repeat, q.run), (2, Duration::from_millis(150)));
+        assert_eq!((o.seed, check(&["--seed", "9"]).unwrap().seed), (0, 9));
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
                 sizes: sizes.len(),
                 engines: opts.engines.len(),
                 repeat: opts.repeat,
+                seed: opts.seed,
             };
             (sizes, plan)
         })
@@ -110,6 +111,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
         repeat: opts.repeat,
         ring_bytes: opts.ring_bytes,
         huge_pages: opts.huge_pages,
+        seed: opts.seed,
         topologies: results,
     })
 }

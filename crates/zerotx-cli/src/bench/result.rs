@@ -331,6 +331,8 @@ pub struct Report {
     pub ring_bytes: usize,
     /// The ring was on huge pages for the engines that do not register it (`--huge-pages`).
     pub huge_pages: bool,
+    /// Seed of the run order (`--seed`).
+    pub seed: u64,
     /// Per topology.
     pub topologies: Vec<TopologyResult>,
 }
@@ -339,7 +341,7 @@ impl Report {
     /// The conditions of the run, in one line, for the headers of the human-readable exports.
     pub fn conditions(&self) -> String {
         format!(
-            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB{}",
+            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB{}{}",
             self.kernel,
             self.cpus,
             self.repeat,
@@ -349,6 +351,10 @@ impl Report {
                 " on huge pages (small pages where registered)"
             } else {
                 ""
+            },
+            match self.seed {
+                0 => String::new(),
+                s => format!(", order seed {s}"),
             }
         )
     }

@@ -2,8 +2,9 @@
 //! mock executor; here the runner is a trait and the tests bring a fake one).
 //!
 //! - **Interleaved repetitions.** Repetition `r` goes over every size, and at each size over every
-//!   engine once, in an order shuffled afresh for each repetition and size (from a fixed seed, so
-//!   a plan always runs in the same order). Drift on a shared machine (another tenant, a warming
+//!   engine once, in an order shuffled afresh for each repetition and size (from `--seed`, 0 by
+//!   default: the same seed, the same orders; runs compared with each other can alternate
+//!   seeds). Drift on a shared machine (another tenant, a warming
 //!   cache, thermal limits) then spreads over all engines instead of landing on whichever always
 //!   runs first or last, and so does what a run leaves behind for the next: a rotation kept every
 //!   engine's neighbour fixed, and `copy` ran right after liburing's example exited (its process
@@ -31,6 +32,9 @@ pub struct Plan {
     pub engines: usize,
     /// Repetitions per cell.
     pub repeat: usize,
+    /// Seed of the order (`--seed`): each repetition and size draws its engines' order from it.
+    /// 0 is the default, and always gives the same orders.
+    pub seed: u64,
 }
 
 impl Plan {
@@ -43,7 +47,11 @@ impl Plan {
     pub fn order(&self) -> impl Iterator<Item = Slot> + '_ {
         (0..self.repeat).flat_map(move |rep| {
             (0..self.sizes).flat_map(move |size| {
-                shuffled(self.engines, (rep * self.sizes + size) as u64)
+                // SplitMix64's multiplier spreads the seed over the high bits, so seeds 1 and 2
+                // are not the plan of seed 0 shifted by a repetition.
+                let draw = self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    ^ (rep * self.sizes + size) as u64;
+                shuffled(self.engines, draw)
                     .into_iter()
                     .map(move |engine| Slot { rep, size, engine })
             })
@@ -182,6 +190,7 @@ mod tests {
             sizes: 2,
             engines: 3,
             repeat: 3,
+            seed: 0,
         };
         let order: Vec<Slot> = plan.order().collect();
         assert_eq!(order.len(), plan.total());
@@ -208,6 +217,43 @@ mod tests {
     }
 
     #[test]
+    fn another_seed_runs_the_same_slots_in_other_orders() {
+        let plan = |seed| Plan {
+            sizes: 4,
+            engines: 7,
+            repeat: 10,
+            seed,
+        };
+        let sorted = |mut v: Vec<Slot>| {
+            v.sort_by_key(|s| (s.rep, s.size, s.engine));
+            v
+        };
+        let zero: Vec<Slot> = plan(0).order().collect();
+        for seed in [1, 2, u64::MAX] {
+            let other: Vec<Slot> = plan(seed).order().collect();
+            assert_eq!(
+                sorted(other.clone()),
+                sorted(zero.clone()),
+                "seed {seed}: other slots"
+            );
+            let same = zero
+                .chunks(7)
+                .zip(other.chunks(7))
+                .filter(|(a, b)| a == b)
+                .count();
+            assert!(
+                same < 10,
+                "seed {seed}: {same} of 40 groups in seed 0's order"
+            );
+            assert_eq!(
+                other,
+                plan(seed).order().collect::<Vec<_>>(),
+                "seed {seed} again"
+            );
+        }
+    }
+
+    #[test]
     fn no_engine_keeps_its_place_or_its_neighbour() {
         // Seven columns (compare-raw's UDP table), 60 repetitions of one size: every engine runs
         // first, and after several different engines.
@@ -215,6 +261,7 @@ mod tests {
             sizes: 1,
             engines: 7,
             repeat: 60,
+            seed: 0,
         };
         let order: Vec<usize> = plan.order().map(|s| s.engine).collect();
         for e in 0..7 {
@@ -245,6 +292,7 @@ mod tests {
             sizes: 2,
             engines: 2,
             repeat: 3,
+            seed: 0,
         };
         let mut runner = FakeRunner {
             fail: vec![slot(0, 1, 0), slot(1, 0, 1)],
@@ -283,6 +331,7 @@ mod tests {
             sizes: 0,
             engines: 3,
             repeat: 2,
+            seed: 0,
         };
         let mut runner = FakeRunner {
             fail: vec![],

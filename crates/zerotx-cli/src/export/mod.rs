@@ -126,6 +126,7 @@ pub mod sample {
             repeat: 1,
             ring_bytes: 32 << 20,
             huge_pages: false,
+            seed: 0,
             topologies,
         }
     }

@@ -279,6 +279,19 @@ mod tests {
     }
 
     #[test]
+    fn another_order_seed_says_so_in_the_header() {
+        let mut r = sample::report();
+        assert!(!render(&r).contains("seed"));
+        r.seed = 7;
+        let out = render(&r);
+        let header = out.lines().next().unwrap();
+        assert!(
+            header.ends_with("buffer ring 32 MiB, order seed 7"),
+            "{header}"
+        );
+    }
+
+    #[test]
     fn baselines_get_a_ratio_block() {
         insta::assert_snapshot!(render(&sample::with_baselines()));
     }
