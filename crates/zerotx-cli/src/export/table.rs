@@ -265,13 +265,17 @@ mod tests {
         insta::assert_snapshot!(out);
     }
 
+    /// The table's first line: the run's conditions.
+    fn header_of(r: &Report) -> String {
+        render(r).lines().next().unwrap().to_owned()
+    }
+
     #[test]
     fn a_ring_on_huge_pages_says_so_in_the_header() {
         let mut r = sample::report();
         assert!(!render(&r).contains("huge pages"));
         r.huge_pages = true;
-        let out = render(&r);
-        let header = out.lines().next().unwrap();
+        let header = header_of(&r);
         assert!(
             header.ends_with("buffer ring 32 MiB on huge pages (small pages where registered)"),
             "{header}"
@@ -283,8 +287,7 @@ mod tests {
         let mut r = sample::report();
         assert!(!render(&r).contains("seed"));
         r.seed = 7;
-        let out = render(&r);
-        let header = out.lines().next().unwrap();
+        let header = header_of(&r);
         assert!(
             header.ends_with("buffer ring 32 MiB, order seed 7"),
             "{header}"
