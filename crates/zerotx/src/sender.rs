@@ -482,7 +482,8 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// Without blocking: pushes queued bytes, reads completions, and appends every buffer the
-    /// kernel released to `out`. Returns how many it appended.
+    /// kernel released to `out`. Returns how many it appended. On an error, what it released
+    /// before the error is in `out` all the same: look there before retrying or giving up.
     pub fn reap(&mut self, out: &mut Vec<Released<B>>) -> io::Result<usize> {
         let before = out.len();
         if before == 0 {
@@ -549,7 +550,8 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// Blocks until at least one buffer is released or `timeout` passes (`None`: no limit), and
-    /// appends the released buffers to `out`. Returns at once with 0 when nothing is held.
+    /// appends the released buffers to `out`. Returns at once with 0 when nothing is held. On an
+    /// error, as with [`reap`](Self::reap), what was released is in `out`.
     pub fn wait_released(
         &mut self,
         out: &mut Vec<Released<B>>,

@@ -665,3 +665,48 @@ fn send_batch_waits_for_room_and_a_dropped_future_keeps_the_rest() {
         );
     }
 }
+
+/// A reap that fails part way (the shared ring cannot enter the kernel for another sender's
+/// requests) after it collected a release: that buffer is the owner's at once. `released` hands it
+/// over, then the error, then `Ok(None)`; it never answers `Ok(None)` (nothing held, every buffer
+/// taken) while the buffer waits. The failing `io_uring_enter` is injected: the kernel fails it
+/// only on allocation failures. The driver task never runs in between: on a current-thread
+/// runtime it runs only when the owner yields, and the owner blocks instead.
+#[test]
+fn a_release_collected_by_a_failed_reap_is_handed_over_first() {
+    use zerotx::internals::uring_faults::{inject, Faults};
+    use zerotx::{UringConfig, UringShared};
+    let ring = UringShared::new(UringConfig::default().with_entries(8)).unwrap();
+    let (client, reader) = tcp_pair(false, Peer::checking());
+    current_thread().block_on(async {
+        let cfg = SenderConfig::shared(EngineKind::Uring, &ring);
+        let tx = AsyncSender::with_config(client, cfg).expect("sender");
+        let mut b = vec![0u8; 1000];
+        fill(&mut b, 0);
+        tx.send(b).await.expect("send");
+        // The request completes in the kernel; nothing reaps it (the thread blocks, not yields).
+        std::thread::sleep(Duration::from_millis(200));
+        // Another owner's requests wait in the SQ, so the next reap enters the kernel, and fails.
+        ring.inject_nops(4, false).unwrap();
+        inject(Faults {
+            failed_enters: 1,
+            ..Faults::default()
+        });
+        let first = tx.released().await;
+        inject(Faults::default());
+        let r = first
+            .expect("the release before the error")
+            .expect("Ok(None) while the released buffer waited in the sender");
+        assert!(r.report.error.is_none(), "{:?}", r.report);
+        assert_eq!(r.report.bytes, 1000);
+        let e = tx
+            .released()
+            .await
+            .expect_err("the reap's error, reported next");
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+        assert!(tx.released().await.unwrap().is_none());
+        assert_eq!(tx.close(Duration::from_secs(1)).await.kept, 0);
+    });
+    let got = reader.join().unwrap();
+    assert_eq!((got.bytes, got.mismatches), (1000, 0));
+}

@@ -85,21 +85,19 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Reaps into the queue of released buffers; returns how many came. An error is kept for
-    /// the owner.
+    /// the owner, and what the reap collected before it fails goes to the queue all the same: a
+    /// reap that fails part way has released buffers (`Sender::reap` appends them before it
+    /// reports), and counting them keeps `released` from answering `Ok(None)` while they wait.
     pub(super) fn reap(&mut self) -> usize {
         let Some(tx) = self.tx.as_mut() else {
             return 0;
         };
-        match tx.reap(&mut self.scratch) {
-            Ok(n) => {
-                self.released.extend(self.scratch.drain(..));
-                n
-            }
-            Err(e) => {
-                self.error = Some(e);
-                0
-            }
+        if let Err(e) = tx.reap(&mut self.scratch) {
+            self.error = Some(e);
         }
+        let n = self.scratch.len();
+        self.released.extend(self.scratch.drain(..));
+        n
     }
 
     /// Reaps for one of the owner's own calls (`released`, `drain_released`, `flush`). Such a reap
