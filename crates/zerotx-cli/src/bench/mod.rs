@@ -61,6 +61,33 @@ fn summarise(
     }
 }
 
+/// The columns that run back to back ([`Plan::together`]): each zerotx engine with the baselines
+/// it is judged against ([`result::BASELINE_PAIRS`]), among `engines`. Pairs that share a column
+/// join one set (`uring-zc-fixed` with both of its baselines).
+fn together(engines: &[Engine]) -> Vec<Vec<usize>> {
+    let at = |name: &str| engines.iter().position(|e| e.name() == name);
+    let mut sets: Vec<Vec<usize>> = Vec::new();
+    for (a, b) in result::BASELINE_PAIRS {
+        let (Some(a), Some(b)) = (at(a), at(b)) else {
+            continue;
+        };
+        let joined: Vec<usize> = sets
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.contains(&a) || s.contains(&b))
+            .map(|(i, _)| i)
+            .collect();
+        let mut set = vec![a, b];
+        for i in joined.into_iter().rev() {
+            set.extend(sets.remove(i));
+        }
+        set.sort_unstable();
+        set.dedup();
+        sets.push(set);
+    }
+    sets
+}
+
 /// Runs the whole benchmark: every topology, and in each every cell, in the scheduler's order.
 pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
     let n_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -75,6 +102,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
                 engines: opts.engines.len(),
                 repeat: opts.repeat,
                 seed: opts.seed,
+                together: together(&opts.engines),
             };
             (sizes, plan)
         })
@@ -114,4 +142,38 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
         seed: opts.seed,
         topologies: results,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_engine_runs_back_to_back_with_its_baselines() {
+        let parse =
+            |names: &[&str]| -> Vec<Engine> { names.iter().map(|n| n.parse().unwrap()).collect() };
+        // compare-raw's UDP columns (the zerotx engines, then `--baselines`).
+        let udp = parse(&[
+            "copy",
+            "msg-zc",
+            "uring-zc-fixed",
+            "raw-copy",
+            "raw-msg-zc",
+            "raw-uring-zc-fixed",
+            "liburing-zc-fixed",
+        ]);
+        assert_eq!(together(&udp), vec![vec![0, 3], vec![1, 4], vec![2, 5, 6]]);
+        // Its TCP columns, in another order; a baseline without its engine runs on its own.
+        let tcp = parse(&[
+            "raw-copy",
+            "msg-zc",
+            "copy",
+            "raw-msg-zc",
+            "raw-uring-zc-fixed",
+        ]);
+        assert_eq!(together(&tcp), vec![vec![0, 2], vec![1, 3]]);
+        // The default table has no baselines: every column on its own.
+        let plain = parse(&["copy", "msg-zc", "uring", "uring-zc", "auto"]);
+        assert!(together(&plain).is_empty());
+    }
 }

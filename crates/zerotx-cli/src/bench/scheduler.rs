@@ -9,6 +9,13 @@
 //!   runs first or last, and so does what a run leaves behind for the next: a rotation kept every
 //!   engine's neighbour fixed, and `copy` ran right after liburing's example exited (its process
 //!   and ring torn down) in every repetition, `raw-copy` after zerotx's `uring-zc-fixed`.
+//! - **Paired columns run back to back.** Columns whose ratio is read run by run (an engine and
+//!   its baselines, [`Plan::together`]) form a unit: the units' order is shuffled, and so is the
+//!   order inside each unit, but a unit's runs are never apart. A run's ratio to its baseline then
+//!   compares runs at most a unit's length apart. With the seven columns of compare-raw's UDP
+//!   table shuffled freely, a pair was up to six runs (1.2 s) apart, and the host's drift, which
+//!   comes in phases of about a second, went into the ratios: the paired interval of `copy` over
+//!   TCP at 1 MiB straddled its threshold among four columns and cleared it among two.
 //! - **Errors.** A cell whose run failed keeps the runs it had and its first error; its later
 //!   repetitions are skipped (reported, not run), and every other cell goes on.
 
@@ -24,7 +31,7 @@ pub struct Slot {
 }
 
 /// How many sizes, engines and repetitions a topology has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Sizes.
     pub sizes: usize,
@@ -35,6 +42,10 @@ pub struct Plan {
     /// Seed of the order (`--seed`): each repetition and size draws its engines' order from it.
     /// 0 is the default, and always gives the same orders.
     pub seed: u64,
+    /// Sets of engine columns that run back to back (see the module docs): disjoint, each of
+    /// two or more columns. A column in none runs on its own. Empty: every column on its own,
+    /// as before there were sets (the same seed gives the same orders).
+    pub together: Vec<Vec<usize>>,
 }
 
 impl Plan {
@@ -43,15 +54,48 @@ impl Plan {
         self.sizes * self.engines * self.repeat
     }
 
+    /// The units of [`order`](Self::order): each set of [`together`](Self::together), and every
+    /// other column alone, in the order of their lowest column.
+    fn units(&self) -> Vec<Vec<usize>> {
+        let mut units: Vec<Vec<usize>> = Vec::new();
+        for e in 0..self.engines {
+            if units.iter().any(|u| u.contains(&e)) {
+                continue;
+            }
+            let mut unit = self
+                .together
+                .iter()
+                .find(|t| t.contains(&e))
+                .cloned()
+                .unwrap_or_else(|| vec![e]);
+            unit.sort_unstable();
+            unit.dedup();
+            units.push(unit);
+        }
+        units
+    }
+
     /// Every slot, in the order they run.
     pub fn order(&self) -> impl Iterator<Item = Slot> + '_ {
+        let units = self.units();
         (0..self.repeat).flat_map(move |rep| {
+            let units = units.clone();
             (0..self.sizes).flat_map(move |size| {
                 // SplitMix64's multiplier spreads the seed over the high bits, so seeds 1 and 2
                 // are not the plan of seed 0 shifted by a repetition.
                 let draw = self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
                     ^ (rep * self.sizes + size) as u64;
-                shuffled(self.engines, draw)
+                // The units' order, then each unit's own from a draw of its own (a unit of one
+                // draws nothing, so with no sets the order is the columns' shuffle alone).
+                let engines: Vec<usize> = shuffled(units.len(), draw)
+                    .into_iter()
+                    .flat_map(|u| {
+                        let unit = &units[u];
+                        let inner = draw ^ (u as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03);
+                        shuffled(unit.len(), inner).into_iter().map(|i| unit[i])
+                    })
+                    .collect();
+                engines
                     .into_iter()
                     .map(move |engine| Slot { rep, size, engine })
             })
@@ -191,6 +235,7 @@ mod tests {
             engines: 3,
             repeat: 3,
             seed: 0,
+            together: vec![],
         };
         let order: Vec<Slot> = plan.order().collect();
         assert_eq!(order.len(), plan.total());
@@ -223,6 +268,7 @@ mod tests {
             engines: 7,
             repeat: 10,
             seed,
+            together: vec![],
         };
         let sorted = |mut v: Vec<Slot>| {
             v.sort_by_key(|s| (s.rep, s.size, s.engine));
@@ -254,6 +300,63 @@ mod tests {
     }
 
     #[test]
+    fn paired_columns_run_back_to_back_in_either_order() {
+        // compare-raw's UDP columns: copy, msg-zc, uring-zc-fixed, then their baselines raw-copy,
+        // raw-msg-zc, raw-uring-zc-fixed and liburing's example.
+        let plan = Plan {
+            sizes: 2,
+            engines: 7,
+            repeat: 60,
+            seed: 0,
+            together: vec![vec![0, 3], vec![1, 4], vec![2, 5, 6]],
+        };
+        let order: Vec<Slot> = plan.order().collect();
+        assert_eq!(order.len(), plan.total());
+        let mut firsts = [0usize; 7];
+        let mut unit_firsts = std::collections::BTreeMap::new();
+        for chunk in order.chunks(7) {
+            let engines: Vec<usize> = chunk.iter().map(|s| s.engine).collect();
+            let mut sorted = engines.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..7).collect::<Vec<_>>(), "{engines:?}");
+            for set in &plan.together {
+                let at: Vec<usize> = set
+                    .iter()
+                    .map(|e| engines.iter().position(|x| x == e).unwrap())
+                    .collect();
+                let span = at.iter().max().unwrap() - at.iter().min().unwrap();
+                assert_eq!(span, set.len() - 1, "{set:?} apart in {engines:?}");
+            }
+            firsts[engines[0]] += 1;
+            let unit = plan.together.iter().position(|t| t.contains(&engines[0]));
+            *unit_firsts.entry(unit).or_insert(0) += 1;
+        }
+        // Inside a pair either column goes first, and any unit can open the repetition.
+        for (e, n) in firsts.iter().enumerate() {
+            assert!(*n > 0, "column {e} never ran first: {firsts:?}");
+        }
+        assert_eq!(unit_firsts.len(), 3, "{unit_firsts:?}");
+    }
+
+    #[test]
+    fn with_no_sets_the_order_is_the_columns_shuffle_as_before() {
+        for seed in [0, 7] {
+            let plan = Plan {
+                sizes: 3,
+                engines: 5,
+                repeat: 4,
+                seed,
+                together: vec![],
+            };
+            let order: Vec<usize> = plan.order().map(|s| s.engine).collect();
+            let before: Vec<usize> = (0..4 * 3)
+                .flat_map(|i| shuffled(5, seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i as u64))
+                .collect();
+            assert_eq!(order, before, "seed {seed}");
+        }
+    }
+
+    #[test]
     fn no_engine_keeps_its_place_or_its_neighbour() {
         // Seven columns (compare-raw's UDP table), 60 repetitions of one size: every engine runs
         // first, and after several different engines.
@@ -262,6 +365,7 @@ mod tests {
             engines: 7,
             repeat: 60,
             seed: 0,
+            together: vec![],
         };
         let order: Vec<usize> = plan.order().map(|s| s.engine).collect();
         for e in 0..7 {
@@ -293,6 +397,7 @@ mod tests {
             engines: 2,
             repeat: 3,
             seed: 0,
+            together: vec![],
         };
         let mut runner = FakeRunner {
             fail: vec![slot(0, 1, 0), slot(1, 0, 1)],
@@ -332,6 +437,7 @@ mod tests {
             engines: 3,
             repeat: 2,
             seed: 0,
+            together: vec![],
         };
         let mut runner = FakeRunner {
             fail: vec![],
