@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 
+use crate::bench::runner::{DEFAULT_BATCH, MAX_BATCH};
 use crate::bench::topology::Choice;
 use crate::bench::Engine;
 use crate::export::Format;
@@ -193,6 +194,11 @@ pub struct BenchArgs {
     /// registration needs; auto takes the huge ring unregistered.
     #[arg(long)]
     pub huge_pages: bool,
+    /// Buffers per batch: zerotx's engines get this many per `send_batch` call (and io_uring
+    /// entries per `io_uring_enter`), and every engine's loop reaps after this many sends (the
+    /// raw io_uring loop also enters the kernel once per batch).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_BATCH)]
+    pub batch: usize,
     /// Seed of the run order: each repetition runs a size's engines in an order drawn from it.
     /// The same seed gives the same orders; alternate seeds between runs that are compared, so
     /// no engine keeps its neighbours across them. Recorded in the JSON.
@@ -240,6 +246,8 @@ pub struct BenchOptions {
     pub huge_pages: bool,
     /// Seed of the run order (`--seed`).
     pub seed: u64,
+    /// Buffers per batch (`--batch`).
+    pub batch: usize,
     /// liburing's send-zerocopy example, when its column is wanted.
     pub liburing: Option<PathBuf>,
     /// What goes to standard output.
@@ -368,6 +376,13 @@ impl BenchArgs {
         if self.ring_mib == 0 || self.ring_mib > 4096 {
             bail!("invalid --ring-mib {}: give 1 to 4096", self.ring_mib);
         }
+        if self.batch == 0 || self.batch > MAX_BATCH {
+            bail!(
+                "invalid --batch {}: give 1 to {MAX_BATCH} buffers (the raw io_uring loop's \
+                 submission queue holds {MAX_BATCH})",
+                self.batch
+            );
+        }
         let stdout = if self.json {
             Format::Json
         } else if self.csv {
@@ -395,6 +410,7 @@ impl BenchArgs {
             ring_bytes: self.ring_mib << 20,
             huge_pages: self.huge_pages,
             seed: self.seed,
+            batch: self.batch,
             liburing: self.liburing,
             stdout,
             exports,
@@ -447,6 +463,17 @@ mod tests {
         let q = check(&["--quick"]).unwrap();
         assert_eq!((q.repeat, q.run), (2, Duration::from_millis(150)));
         assert_eq!((o.seed, check(&["--seed", "9"]).unwrap().seed), (0, 9));
+        assert_eq!(
+            (o.batch, check(&["--batch", "64"]).unwrap().batch),
+            (32, 64)
+        );
+        for bad in ["0", "257"] {
+            let e = check(&["--batch", bad]).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("invalid --batch {bad}: give 1 to 256")),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -61,14 +61,14 @@ impl<'a> Cells<'a> {
     fn measure_on_socket(&mut self, engine: Engine, size: usize) -> anyhow::Result<Run> {
         let pool = self.pool(engine, size)?;
         let fd = self.site.open()?;
-        let d = self.opts.run;
+        let (d, b) = (self.opts.run, self.opts.batch);
         let run = match engine {
-            Engine::RawCopy => raw::RawCopy::new(fd, &pool, size).and_then(|r| measure(r, d)),
-            Engine::RawMsgZc => raw::RawMsgZc::new(fd, &pool, size).and_then(|r| measure(r, d)),
+            Engine::RawCopy => raw::RawCopy::new(fd, &pool, size).and_then(|r| measure(r, d, b)),
+            Engine::RawMsgZc => raw::RawMsgZc::new(fd, &pool, size).and_then(|r| measure(r, d, b)),
             Engine::RawUringZcFixed => {
-                raw::RawUringZcFixed::new(fd, &pool, size).and_then(|r| measure(r, d))
+                raw::RawUringZcFixed::new(fd, &pool, size, b).and_then(|r| measure(r, d, b))
             }
-            _ => ZerotxDriver::new(fd, engine, &pool, size).and_then(|z| measure(z, d)),
+            _ => ZerotxDriver::new(fd, engine, &pool, size, b).and_then(|z| measure(z, d, b)),
         };
         // The run closed its socket either way: take the sink's report now, or the next run
         // would read this one's.

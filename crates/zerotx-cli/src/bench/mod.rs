@@ -140,6 +140,7 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
         ring_bytes: opts.ring_bytes,
         huge_pages: opts.huge_pages,
         seed: opts.seed,
+        batch: opts.batch,
         topologies: results,
     })
 }

@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::runner::DEFAULT_BATCH;
 use super::Engine;
 
 /// Each zerotx engine and the minimal sender it is judged against (issue 8's acceptance).
@@ -333,6 +334,8 @@ pub struct Report {
     pub huge_pages: bool,
     /// Seed of the run order (`--seed`).
     pub seed: u64,
+    /// Buffers per batch (`--batch`): per zerotx `send_batch` call, and sends between reaps.
+    pub batch: usize,
     /// Per topology.
     pub topologies: Vec<TopologyResult>,
 }
@@ -341,7 +344,7 @@ impl Report {
     /// The conditions of the run, in one line, for the headers of the human-readable exports.
     pub fn conditions(&self) -> String {
         format!(
-            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB{}{}",
+            "kernel {}, {} CPUs, {} run(s) of {:.2} s per cell, buffer ring {} MiB{}{}{}",
             self.kernel,
             self.cpus,
             self.repeat,
@@ -351,6 +354,10 @@ impl Report {
                 " on huge pages (small pages where registered)"
             } else {
                 ""
+            },
+            match self.batch {
+                DEFAULT_BATCH => String::new(),
+                b => format!(", batches of {b}"),
             },
             match self.seed {
                 0 => String::new(),

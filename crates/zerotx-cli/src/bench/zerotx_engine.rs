@@ -2,7 +2,7 @@
 //! Buffers go to [`zerotx::Sender`] as pooled buffers and come back from its reap; the harness
 //! only moves them between the sender and a FIFO free list.
 //!
-//! They go [`REAP_EVERY`] at a time through [`Sender::send_batch`], the library's call for
+//! They go a batch at a time ([`DEFAULT_BATCH`], `--batch`) through [`Sender::send_batch`], the library's call for
 //! throughput: the io_uring engines then enter the kernel once per batch, as the raw io_uring
 //! loop does (`raw-uring-zc-fixed` enters every 32 pushes) and liburing's example does (8 per
 //! submit). A plain `send` loop would also enter for the first send after each reap, which finds
@@ -17,11 +17,11 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use zerotx::{
     BufPool, CopyReason, EngineKind, PoolBufMut, PooledBuf, Released, SendPath, Sender,
-    SenderConfig,
+    SenderConfig, UringConfig,
 };
 
 use super::runner::{
-    ring_blocks, Counters, Driver, Latencies, FLUSH_TIMEOUT, REAP_EVERY, WAIT_SLICE,
+    ring_blocks, Counters, Driver, Latencies, DEFAULT_BATCH, FLUSH_TIMEOUT, WAIT_SLICE,
 };
 use super::Engine;
 
@@ -80,8 +80,10 @@ fn chosen(tx: &Sender<PooledBuf>, s: &zerotx::Stats, tail: &[u64; 4]) -> &'stati
 pub struct ZerotxDriver {
     tx: Sender<PooledBuf>,
     free: VecDeque<PoolBufMut>,
-    /// Buffers taken from `free` and not yet handed to the sender: at most [`REAP_EVERY`].
+    /// Buffers taken from `free` and not yet handed to the sender: at most `per_batch`.
     batch: VecDeque<PooledBuf>,
+    /// Buffers per `send_batch` call.
+    per_batch: usize,
     out: Vec<Released<PooledBuf>>,
     size: usize,
     /// How the buffers released by the final flush went, by [`way`] (for `auto`).
@@ -90,10 +92,21 @@ pub struct ZerotxDriver {
 }
 
 impl ZerotxDriver {
-    /// A sender for `engine` (one of zerotx's) over `sock`, sending `size` bytes from `pool`.
-    pub fn new(sock: OwnedFd, engine: Engine, pool: &BufPool, size: usize) -> anyhow::Result<Self> {
+    /// A sender for `engine` (one of zerotx's) over `sock`, sending `size` bytes from `pool`,
+    /// `batch` buffers per call (and per `io_uring_enter`).
+    pub fn new(
+        sock: OwnedFd,
+        engine: Engine,
+        pool: &BufPool,
+        size: usize,
+        batch: usize,
+    ) -> anyhow::Result<Self> {
         let (kind, fixed) = kind(engine).context("not a zerotx engine")?;
-        let mut tx: Sender<PooledBuf> = Sender::with_config(sock, SenderConfig::new(kind))
+        let mut cfg = SenderConfig::new(kind);
+        if batch != DEFAULT_BATCH {
+            cfg = cfg.with_uring(UringConfig::default().with_batch(batch));
+        }
+        let mut tx: Sender<PooledBuf> = Sender::with_config(sock, cfg)
             .with_context(|| format!("creating the {} engine", engine.name()))?;
         if fixed {
             tx.register_pool(pool)
@@ -102,7 +115,8 @@ impl ZerotxDriver {
         Ok(Self {
             tx,
             free: ring_blocks(pool).into(),
-            batch: VecDeque::with_capacity(REAP_EVERY as usize),
+            batch: VecDeque::with_capacity(batch),
+            per_batch: batch,
             out: Vec::with_capacity(1024),
             size,
             tail: [0; 4],
@@ -148,7 +162,7 @@ impl Driver for ZerotxDriver {
         match self.free.pop_front() {
             Some(b) => {
                 self.batch.push_back(b.freeze(self.size));
-                if self.batch.len() >= REAP_EVERY as usize {
+                if self.batch.len() >= self.per_batch {
                     self.send_batch()?;
                 }
                 Ok(true)

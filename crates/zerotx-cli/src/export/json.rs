@@ -55,6 +55,7 @@ mod tests {
         assert_eq!(v["topologies"][1]["skipped"], "no vsock transport");
         assert_eq!(v["ring_bytes"], 32 << 20);
         assert_eq!(v["seed"], 0);
+        assert_eq!(v["batch"], 32);
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub mod sample {
             ring_bytes: 32 << 20,
             huge_pages: false,
             seed: 0,
+            batch: 32,
             topologies,
         }
     }

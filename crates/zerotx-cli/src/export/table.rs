@@ -283,13 +283,20 @@ mod tests {
     }
 
     #[test]
-    fn another_order_seed_says_so_in_the_header() {
+    fn another_order_seed_or_batch_says_so_in_the_header() {
         let mut r = sample::report();
         assert!(!render(&r).contains("seed"));
         r.seed = 7;
         let header = header_of(&r);
         assert!(
             header.ends_with("buffer ring 32 MiB, order seed 7"),
+            "{header}"
+        );
+        assert!(!header.contains("batches"), "{header}");
+        r.batch = 64;
+        let header = header_of(&r);
+        assert!(
+            header.ends_with("buffer ring 32 MiB, batches of 64, order seed 7"),
             "{header}"
         );
     }

@@ -1,6 +1,7 @@
 //! `raw-msg-zc`: `send(MSG_ZEROCOPY)` on a blocking IP socket, completions read from the socket
 //! error queue (`recvmsg(MSG_ERRQUEUE)`) only when the loop asks for them: every
-//! [`REAP_EVERY`](crate::bench::runner::REAP_EVERY) sends, or when every buffer is in flight.
+//! batch of sends ([`DEFAULT_BATCH`](crate::bench::runner::DEFAULT_BATCH), `--batch`), or when
+//! every buffer is in flight.
 //!
 //! - Each successful call takes the next completion id (KERNEL.md); a buffer records the id count
 //!   after its last call, and is released once every id below that completed (ids may complete

@@ -3,7 +3,8 @@
 //!
 //! - The whole buffer ring is registered once as fixed buffer 0; each request names its block
 //!   inside it (`IORING_RECVSEND_FIXED_BUF`), so no page is pinned per send.
-//! - Requests are queued in the SQ and entered [`BATCH`] at a time (and whenever the loop waits).
+//! - Requests are queued in the SQ and entered a batch at a time (`--batch`, 32 by default, as
+//!   zerotx's), and whenever the loop waits.
 //! - A buffer is reused only after its notification CQE (`IORING_CQE_F_NOTIF`), or after its
 //!   first CQE when that says no notification follows (no `IORING_CQE_F_MORE`).
 //! - `IORING_SEND_ZC_REPORT_USAGE` makes notifications say whether the kernel copied.
@@ -32,12 +33,11 @@ use io_uring::{cqueue, opcode, types, IoUring};
 use zerotx::BufPool;
 
 use super::{sock_type, BufRing};
-use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
+use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, MAX_BATCH, WAIT_SLICE};
 
-/// Requests entered per `io_uring_enter` (zerotx's default batch).
-pub const BATCH: u32 = 32;
-/// Submission queue entries (zerotx's default); the CQ has twice as many.
-const ENTRIES: u32 = 256;
+/// Submission queue entries (zerotx's default, and the largest `--batch`); the CQ has twice as
+/// many.
+const ENTRIES: u32 = MAX_BATCH as u32;
 
 const IORING_SEND_ZC_REPORT_USAGE: u16 = 8;
 const IORING_NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
@@ -55,12 +55,14 @@ pub struct RawUringZcFixed {
     state: Vec<u8>,
     /// Pushed to the SQ and not yet entered.
     queued: u32,
+    /// Requests per `io_uring_enter`.
+    batch: u32,
     c: Counters,
 }
 
 impl RawUringZcFixed {
     /// Over `fd` (a connected datagram socket), sending `size` bytes from `pool`.
-    pub fn new(fd: OwnedFd, pool: &BufPool, size: usize) -> anyhow::Result<Self> {
+    pub fn new(fd: OwnedFd, pool: &BufPool, size: usize, batch: usize) -> anyhow::Result<Self> {
         if sock_type(&fd)? != libc::SOCK_DGRAM {
             bail!(
                 "raw-uring-zc-fixed sends on datagram sockets only (several requests in flight \
@@ -87,6 +89,7 @@ impl RawUringZcFixed {
             bufs,
             _fd: fd,
             queued: 0,
+            batch: batch.clamp(1, MAX_BATCH) as u32,
             c: Counters::default(),
         })
     }
@@ -161,7 +164,7 @@ impl Driver for RawUringZcFixed {
         }
         self.bufs.commit();
         self.queued += 1;
-        if self.queued >= BATCH {
+        if self.queued >= self.batch {
             self.enter(0, None)?;
         }
         Ok(true)
