@@ -12,7 +12,8 @@
 # Many short repetitions rather than a few long ones: one run on these VMs varies by ~10% with
 # the host, in phases of a second or so, and a longer run does not average that out. Repetition r
 # of every column runs back to back (in a shuffled order, so no column always follows the same
-# one), an engine always next to its baselines (either first), so each repetition gives one ratio
+# one), an engine and its baselines in one stretch (uring-zc-fixed's two at most one run apart),
+# so each repetition gives one ratio
 # per pair from runs made one after the other; the verdict rests
 # on the median of those ratios and its 95% interval (about 12 minutes for both topologies).
 set -euo pipefail

@@ -551,7 +551,8 @@ impl<B: SendBuf> Sender<B> {
 
     /// Blocks until at least one buffer is released or `timeout` passes (`None`: no limit), and
     /// appends the released buffers to `out`. Returns at once with 0 when nothing is held. On an
-    /// error, as with [`reap`](Self::reap), what was released is in `out`.
+    /// error, what a reap released before it is in `out`, as with [`reap`](Self::reap); if the
+    /// wait itself failed, what was released meanwhile comes with the next `reap`.
     pub fn wait_released(
         &mut self,
         out: &mut Vec<Released<B>>,

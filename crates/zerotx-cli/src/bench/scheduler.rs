@@ -57,6 +57,17 @@ impl Plan {
     /// The units of [`order`](Self::order): each set of [`together`](Self::together), and every
     /// other column alone, in the order of their lowest column.
     fn units(&self) -> Vec<Vec<usize>> {
+        debug_assert!(
+            self.together.iter().flatten().all(|&e| e < self.engines),
+            "a set names a column beyond {}: {:?}",
+            self.engines,
+            self.together
+        );
+        debug_assert!(
+            (0..self.engines).all(|e| self.together.iter().filter(|t| t.contains(&e)).count() <= 1),
+            "sets overlap: {:?}",
+            self.together
+        );
         let mut units: Vec<Vec<usize>> = Vec::new();
         for e in 0..self.engines {
             if units.iter().any(|u| u.contains(&e)) {

@@ -35,9 +35,9 @@ use zerotx::BufPool;
 use super::{sock_type, BufRing};
 use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, MAX_BATCH, WAIT_SLICE};
 
-/// Submission queue entries (zerotx's default, and the largest `--batch`); the CQ has twice as
+/// Submission queue entries (zerotx's default, twice the largest `--batch`); the CQ has twice as
 /// many.
-const ENTRIES: u32 = MAX_BATCH as u32;
+const ENTRIES: u32 = 2 * MAX_BATCH as u32;
 
 const IORING_SEND_ZC_REPORT_USAGE: u16 = 8;
 const IORING_NOTIF_USAGE_ZC_COPIED: u32 = 1 << 31;
