@@ -5,10 +5,10 @@
 //! They go a batch at a time ([`DEFAULT_BATCH`], `--batch`) through [`Sender::send_batch`], the
 //! library's call for throughput: the io_uring engines then enter the kernel once per batch, as
 //! the raw io_uring loop does (`raw-uring-zc-fixed` enters once per batch too) and liburing's
-//! example does (8 per submit). A plain `send` loop would also enter for the first send after each reap, which finds
-//! nothing in flight where completions come back at once (the black hole). `copy` sends a batch
-//! in one `sendmsg` on a stream (the buffers' bytes in order); datagrams, and `msg-zc`, go one
-//! call per buffer.
+//! example does (8 per submit). A plain `send` loop would also enter for the first send after
+//! each reap, which finds nothing in flight where completions come back at once (the black
+//! hole). `copy` sends a batch in one `sendmsg` on a stream (the buffers' bytes in order);
+//! datagrams, and `msg-zc`, go one call per buffer.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
