@@ -153,16 +153,7 @@ mod tests {
     fn each_engine_runs_back_to_back_with_its_baselines() {
         let parse =
             |names: &[&str]| -> Vec<Engine> { names.iter().map(|n| n.parse().unwrap()).collect() };
-        // compare-raw's UDP columns (the zerotx engines, then `--baselines`).
-        let udp = parse(&[
-            "copy",
-            "msg-zc",
-            "uring-zc-fixed",
-            "raw-copy",
-            "raw-msg-zc",
-            "raw-uring-zc-fixed",
-            "liburing-zc-fixed",
-        ]);
+        let udp = parse(&crate::export::sample::COMPARE_RAW_UDP);
         assert_eq!(together(&udp), vec![vec![0, 3], vec![1, 4], vec![2, 5, 6]]);
         // Its TCP columns, in another order; a baseline without its engine runs on its own.
         let tcp = parse(&[

@@ -2,13 +2,13 @@
 //! Buffers go to [`zerotx::Sender`] as pooled buffers and come back from its reap; the harness
 //! only moves them between the sender and a FIFO free list.
 //!
-//! They go a batch at a time ([`DEFAULT_BATCH`], `--batch`) through [`Sender::send_batch`], the
-//! library's call for throughput: the io_uring engines then enter the kernel once per batch, as
-//! the raw io_uring loop does (`raw-uring-zc-fixed` enters once per batch too) and liburing's
-//! example does (8 per submit). A plain `send` loop would also enter for the first send after
-//! each reap, which finds nothing in flight where completions come back at once (the black
-//! hole). `copy` sends a batch in one `sendmsg` on a stream (the buffers' bytes in order);
-//! datagrams, and `msg-zc`, go one call per buffer.
+//! They go a batch at a time ([`DEFAULT_BATCH`](super::runner::DEFAULT_BATCH), `--batch`)
+//! through [`Sender::send_batch`], the library's call for throughput: the io_uring engines then
+//! enter the kernel once per batch, as the raw io_uring loop does (`raw-uring-zc-fixed` enters
+//! once per batch too) and liburing's example does (8 per submit). A plain `send` loop would also
+//! enter for the first send after each reap, which finds nothing in flight where completions come
+//! back at once (the black hole). `copy` sends a batch in one `sendmsg` on a stream (the buffers'
+//! bytes in order); datagrams, and `msg-zc`, go one call per buffer.
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -17,12 +17,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use zerotx::{
     BufPool, CopyReason, EngineKind, PoolBufMut, PooledBuf, Released, SendPath, Sender,
-    SenderConfig, UringConfig,
+    SenderConfig,
 };
 
-use super::runner::{
-    ring_blocks, Counters, Driver, Latencies, DEFAULT_BATCH, FLUSH_TIMEOUT, WAIT_SLICE,
-};
+use super::runner::{ring_blocks, Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
 use super::Engine;
 
 /// The library engine behind a column, and whether it sends from the registered ring.
@@ -102,10 +100,9 @@ impl ZerotxDriver {
         batch: usize,
     ) -> anyhow::Result<Self> {
         let (kind, fixed) = kind(engine).context("not a zerotx engine")?;
-        let mut cfg = SenderConfig::new(kind);
-        if batch != DEFAULT_BATCH {
-            cfg = cfg.with_uring(UringConfig::default().with_batch(batch));
-        }
+        let cfg = SenderConfig::new(kind);
+        let uring = cfg.uring.with_batch(batch);
+        let cfg = cfg.with_uring(uring);
         let mut tx: Sender<PooledBuf> = Sender::with_config(sock, cfg)
             .with_context(|| format!("creating the {} engine", engine.name()))?;
         if fixed {

@@ -179,6 +179,17 @@ pub mod sample {
         }])
     }
 
+    /// compare-raw's UDP columns: the zerotx engines, then what `--baselines --liburing` adds.
+    pub const COMPARE_RAW_UDP: [&str; 7] = [
+        "copy",
+        "msg-zc",
+        "uring-zc-fixed",
+        "raw-copy",
+        "raw-msg-zc",
+        "raw-uring-zc-fixed",
+        "liburing-zc-fixed",
+    ];
+
     /// zerotx engines beside their baselines, liburing's without latency figures.
     pub fn with_baselines() -> Report {
         let mut lib = run(30000.0, 0, 0, 0);
@@ -188,17 +199,7 @@ pub mod sample {
             description: "UDP into a black hole".into(),
             skipped: None,
             sizes: vec![65000],
-            engines: [
-                "copy",
-                "msg-zc",
-                "uring-zc-fixed",
-                "raw-copy",
-                "raw-msg-zc",
-                "raw-uring-zc-fixed",
-                "liburing-zc-fixed",
-            ]
-            .map(String::from)
-            .to_vec(),
+            engines: COMPARE_RAW_UDP.map(String::from).to_vec(),
             cells: vec![
                 cell("copy", 65000, run(6000.0, 0, 0, 1000)),
                 cell("msg-zc", 65000, run(14000.0, 1000, 0, 0)),
