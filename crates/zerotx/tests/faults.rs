@@ -206,6 +206,102 @@ fn a_datagram_dropped_inside_a_batch_is_the_one_that_fails() {
     });
 }
 
+/// A datagram socket that fills in the middle of a non-blocking batch: a slow qdisc holds the
+/// datagrams, so they stay charged to the sender's small send buffer and the kernel answers
+/// `EAGAIN`. `try_send_batch` takes the buffers before the full one, keeps that one at the front
+/// of the caller's queue with the rest behind it in order, and reports no error; an event loop
+/// that waits on `readiness` and calls again gets every buffer through, each released once, whole
+/// and in the order offered. `copy` on a datagram socket has a loop of its own
+/// (`SendmsgEngine::send_datagrams`); this is its full-socket path, and `msg-zc`'s and io_uring's
+/// (which queue the batch in user space first) for comparison.
+#[test]
+fn a_datagram_batch_that_fills_the_socket_keeps_the_rest_in_order() {
+    const COUNT: usize = 96;
+    util::in_black_hole(65535, |bh| {
+        // The peer up, so the qdisc holds what it cannot send yet (see `qdisc_that_drops`), with
+        // room for every datagram of the test.
+        if !util::run_tool("ip", &["link", "set", "zc1", "up"], None)
+            || !util::run_tool(
+                "tc",
+                &[
+                    "qdisc",
+                    "add",
+                    "dev",
+                    zerotx_testbed::DEVICE,
+                    "root",
+                    "tbf",
+                    "rate",
+                    "8mbit",
+                    "burst",
+                    "4kb",
+                    "limit",
+                    "1mb",
+                ],
+                None,
+            )
+        {
+            return;
+        }
+        for &kind in util::engines() {
+            let sock = connected_udp(bh.v4);
+            socket2::SockRef::from(&sock)
+                .set_send_buffer_size(4096)
+                .unwrap();
+            let mut tx = Sender::new(sock, kind).unwrap();
+            // Each buffer names its place in the batch in its first two bytes.
+            let mut queue: VecDeque<Vec<u8>> = (0..COUNT)
+                .map(|i| {
+                    let mut b = vec![0u8; 1000];
+                    b[..2].copy_from_slice(&(i as u16).to_be_bytes());
+                    b
+                })
+                .collect();
+            let first = tx.try_send_batch(&mut queue).unwrap();
+            assert_eq!(queue.len(), COUNT - first, "{kind}");
+            if matches!(kind, EngineKind::Copy | EngineKind::MsgZerocopy) {
+                assert!(
+                    first > 0 && first < COUNT,
+                    "{kind}: a 4 KiB send buffer behind an 8 Mbit/s qdisc took {first} of \
+                     {COUNT} x 1000 B at once"
+                );
+                assert_eq!(
+                    u16::from_be_bytes([queue[0][0], queue[0][1]]) as usize,
+                    first,
+                    "{kind}: the buffer the full socket refused is at the front"
+                );
+                assert!(tx.stats().would_block > 0, "{kind}: {:?}", tx.stats());
+            }
+            let mut out = Vec::new();
+            while !queue.is_empty() {
+                util::wait_ready(&mut tx);
+                tx.reap(&mut out).unwrap();
+                let before = queue.len();
+                let took = tx.try_send_batch(&mut queue).unwrap();
+                assert_eq!(queue.len(), before - took, "{kind}");
+            }
+            let (rest, stats) = util::finish(tx);
+            out.extend(rest);
+            let order: Vec<usize> = out
+                .iter()
+                .map(|r| u16::from_be_bytes([r.buf[0], r.buf[1]]) as usize)
+                .collect();
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..COUNT).collect::<Vec<_>>(), "{kind}: each once");
+            if matches!(kind, EngineKind::Copy) {
+                assert_eq!(order, sorted, "{kind}: released in the order offered");
+            }
+            assert!(
+                out.iter()
+                    .all(|r| r.report.error.is_none() && r.report.bytes == 1000),
+                "{kind}: every buffer whole, no error"
+            );
+            assert_eq!(stats.sends, COUNT as u64, "{kind}: {stats:?}");
+            assert_eq!(stats.bytes, (COUNT * 1000) as u64, "{kind}: {stats:?}");
+        }
+    });
+}
+
 /// A connected UDP socket whose peer port is closed: the ICMP port unreachable of one datagram
 /// leaves the socket an error (`ECONNREFUSED`), which the next send takes. A batch must report it
 /// as a send per buffer does, never swallow it: `sendmmsg` let the next datagram take it inside
