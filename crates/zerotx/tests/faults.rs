@@ -208,12 +208,12 @@ fn a_datagram_dropped_inside_a_batch_is_the_one_that_fails() {
 
 /// A datagram socket that fills in the middle of a non-blocking batch: a slow qdisc holds the
 /// datagrams, so they stay charged to the sender's small send buffer and the kernel answers
-/// `EAGAIN`. `try_send_batch` takes the buffers before the full one, keeps that one at the front
-/// of the caller's queue with the rest behind it in order, and reports no error; an event loop
-/// that waits on `readiness` and calls again gets every buffer through, each released once, whole
-/// and in the order offered. `copy` on a datagram socket has a loop of its own
-/// (`SendmsgEngine::send_datagrams`); this is its full-socket path, and `msg-zc`'s and io_uring's
-/// (which queue the batch in user space first) for comparison.
+/// `EAGAIN`. On `copy` and `msg-zc`, `try_send_batch` takes the buffers before the full one,
+/// keeps that one at the front of the caller's queue with the rest behind it in order, and
+/// reports no error (the io_uring engines queue the whole batch in user space first). On every
+/// engine, an event loop that waits on `readiness` and calls again gets every buffer through,
+/// each released once and whole; `copy` releases them in the order offered. `copy` on a datagram
+/// socket has a loop of its own (`SendmsgEngine::send_datagrams`): this is its full-socket path.
 #[test]
 fn a_datagram_batch_that_fills_the_socket_keeps_the_rest_in_order() {
     const COUNT: usize = 96;

@@ -506,11 +506,11 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// socket puts the buffer back at the front and ends the batch.
     ///
     /// A loop of its own because the general one (`send_one` through `send_each`) cost about 120
-    /// user-space instructions per datagram (cachegrind, 4096 B) around a 12-instruction call:
-    /// it moved each buffer in and out of a `Result` three times and asked about heads, broken
-    /// streams and `auto`, which a copied datagram never has. On the VMs this was measured on,
-    /// every one of those instructions runs with the caches the kernel's copy left cold, and the
-    /// bench's `copy` trailed a bare `send` loop by 3-4% at 4 KiB (benches/compare-raw-results.md).
+    /// user-space instructions per datagram (cachegrind, 4096 B) around a 12-instruction call: it
+    /// moved each buffer in and out of a `Result` three times and asked about a head and a broken
+    /// stream, which a copied datagram never has. This one costs about 80: the bench's `copy`,
+    /// harness included, went from 227 to 193 per datagram, against `raw-copy`'s 74
+    /// (benches/compare-raw-results.md has what that did to the throughput).
     fn send_datagrams(
         &mut self,
         sock: &Socket,
@@ -537,11 +537,9 @@ impl<B: SendBuf> SendmsgEngine<B> {
             }
             taken += 1;
             self.stats.sends += 1;
+            self.waiting = Wait::Nothing;
             Record::release_whole(buf, path, started, &mut self.stats, out);
         };
-        if taken > 0 {
-            self.waiting = Wait::Nothing;
-        }
         match refused {
             None => Ok(taken),
             Some((buf, error)) => self.datagram_refused(buf, error, taken, bufs),
