@@ -36,20 +36,25 @@ fn kind(engine: Engine) -> Option<(EngineKind, bool)> {
 }
 
 /// The ways a release can say `auto` sent it: zero-copy (or tried), copied for the route, small,
-/// or for the budget.
+/// for the budget, or by a sender that has no zero-copy at all (`SO_ZEROCOPY` refused: `auto`
+/// then copies every buffer).
+const WAYS: usize = 5;
+
+/// Which of the [`WAYS`] `path` is.
 fn way(path: SendPath) -> usize {
     match path {
         SendPath::Copied(CopyReason::RouteCopies) => 1,
         SendPath::Copied(CopyReason::Small) => 2,
         SendPath::Copied(CopyReason::Budget | CopyReason::Fallback) => 3,
+        SendPath::Copied(CopyReason::Engine) => 4,
         _ => 0,
     }
 }
 
-/// What `auto` settled on, in a few words: the system calls, and how most of the buffers released
-/// by the final flush went (the steady state; the whole run's counts if the flush found none).
-fn chosen(tx: &Sender<PooledBuf>, s: &zerotx::Stats, tail: &[u64; 4]) -> &'static str {
-    let uring = tx.explain().path == "io_uring";
+/// What `auto` settled on, in a few words: the system calls (io_uring or not), and how most of the
+/// buffers released by the final flush went (the steady state; the whole run's counts if the
+/// flush found none).
+fn chosen(uring: bool, s: &zerotx::Stats, tail: &[u64; WAYS]) -> &'static str {
     let ways = if tail.iter().sum::<u64>() > 0 {
         *tail
     } else {
@@ -58,18 +63,21 @@ fn chosen(tx: &Sender<PooledBuf>, s: &zerotx::Stats, tail: &[u64; 4]) -> &'stati
             s.copied_route,
             s.copied_small,
             s.copied_budget + s.fallbacks,
+            s.engine_copied,
         ]
     };
-    let most = (0..4).max_by_key(|&i| (ways[i], 4 - i)).unwrap_or(0);
+    let most = (0..WAYS).max_by_key(|&i| (ways[i], WAYS - i)).unwrap_or(0);
     match (uring, most) {
         (true, 0) => "uring-zc",
         (true, 1) => "uring (route copies)",
         (true, 2) => "uring (small)",
-        (true, _) => "uring (budget)",
+        (true, 3) => "uring (budget)",
+        (true, _) => "uring (no zero-copy)",
         (false, 0) => "msg-zc",
         (false, 1) => "copy (route copies)",
         (false, 2) => "copy (small)",
-        (false, _) => "copy (budget)",
+        (false, 3) => "copy (budget)",
+        (false, _) => "copy (no zero-copy)",
     }
 }
 
@@ -87,7 +95,7 @@ pub struct ZerotxDriver {
     per_batch: usize,
     out: Vec<Released<PooledBuf>>,
     /// How the buffers released by the final flush went, by [`way`] (for `auto`).
-    tail: [u64; 4],
+    tail: [u64; WAYS],
     flushing: bool,
 }
 
@@ -123,7 +131,7 @@ impl ZerotxDriver {
             batch: VecDeque::with_capacity(batch),
             per_batch: batch,
             out: Vec::with_capacity(1024),
-            tail: [0; 4],
+            tail: [0; WAYS],
             flushing: false,
         })
     }
@@ -217,7 +225,7 @@ impl Driver for ZerotxDriver {
             enobufs: s.enobufs,
             policy_copied,
             chosen: (self.tx.engine() == EngineKind::Auto)
-                .then(|| chosen(&self.tx, &s, &self.tail)),
+                .then(|| chosen(self.tx.explain().path == "io_uring", &s, &self.tail)),
         }
     }
 
@@ -227,5 +235,63 @@ impl Driver for ZerotxDriver {
             bail!("{} buffers were still held at close", closed.kept);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_without_zero_copy_is_reported_as_copying() {
+        // `auto` on a socket that refused SO_ZEROCOPY releases every buffer as copied by its
+        // engine: that is plain copy, not `msg-zc` (which it was reported as before).
+        let tail = [0, 0, 0, 0, 32];
+        assert_eq!(
+            chosen(false, &zerotx::Stats::default(), &tail),
+            "copy (no zero-copy)"
+        );
+        assert_eq!(
+            chosen(true, &zerotx::Stats::default(), &tail),
+            "uring (no zero-copy)"
+        );
+        // The run's counts when the flush released nothing.
+        let mut s = zerotx::Stats::default();
+        s.engine_copied = 100;
+        s.zerocopy = 3;
+        assert_eq!(chosen(false, &s, &[0; WAYS]), "copy (no zero-copy)");
+    }
+
+    #[test]
+    fn auto_reports_the_way_most_buffers_went() {
+        assert_eq!(
+            chosen(false, &zerotx::Stats::default(), &[20, 1, 0, 0, 0]),
+            "msg-zc"
+        );
+        assert_eq!(
+            chosen(true, &zerotx::Stats::default(), &[1, 0, 20, 0, 0]),
+            "uring (small)"
+        );
+        assert_eq!(
+            chosen(false, &zerotx::Stats::default(), &[1, 20, 0, 0, 0]),
+            "copy (route copies)"
+        );
+        // Ties go to the first way: zero-copy.
+        assert_eq!(
+            chosen(false, &zerotx::Stats::default(), &[5, 0, 0, 5, 0]),
+            "msg-zc"
+        );
+        for (i, path) in [
+            SendPath::ZeroCopy,
+            SendPath::Copied(CopyReason::RouteCopies),
+            SendPath::Copied(CopyReason::Small),
+            SendPath::Copied(CopyReason::Budget),
+            SendPath::Copied(CopyReason::Engine),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            assert_eq!(way(path), i, "{path:?}");
+        }
     }
 }
