@@ -218,28 +218,9 @@ fn a_datagram_dropped_inside_a_batch_is_the_one_that_fails() {
 fn a_datagram_batch_that_fills_the_socket_keeps_the_rest_in_order() {
     const COUNT: usize = 96;
     util::in_black_hole(65535, |bh| {
-        // The peer up, so the qdisc holds what it cannot send yet (see `qdisc_that_drops`), with
-        // room for every datagram of the test.
-        if !util::run_tool("ip", &["link", "set", "zc1", "up"], None)
-            || !util::run_tool(
-                "tc",
-                &[
-                    "qdisc",
-                    "add",
-                    "dev",
-                    zerotx_testbed::DEVICE,
-                    "root",
-                    "tbf",
-                    "rate",
-                    "8mbit",
-                    "burst",
-                    "4kb",
-                    "limit",
-                    "1mb",
-                ],
-                None,
-            )
-        {
+        // A queue with room for every datagram of the test: the qdisc holds what it cannot send
+        // yet.
+        if !tbf_qdisc("8mbit", "4kb", "1mb") {
             return;
         }
         for &kind in util::engines() {
@@ -272,13 +253,7 @@ fn a_datagram_batch_that_fills_the_socket_keeps_the_rest_in_order() {
                 assert!(tx.stats().would_block > 0, "{kind}: {:?}", tx.stats());
             }
             let mut out = Vec::new();
-            while !queue.is_empty() {
-                util::wait_ready(&mut tx);
-                tx.reap(&mut out).unwrap();
-                let before = queue.len();
-                let took = tx.try_send_batch(&mut queue).unwrap();
-                assert_eq!(queue.len(), before - took, "{kind}");
-            }
+            util::try_send_all(&mut tx, &mut queue, &mut out);
             let (rest, stats) = util::finish(tx);
             out.extend(rest);
             let order: Vec<usize> = out
@@ -366,10 +341,18 @@ fn a_refused_datagram_in_a_batch_is_reported_not_swallowed() {
 }
 
 /// Raises the black hole's peer and puts a rate-limited tbf qdisc with a short queue on the
-/// sending device, so datagrams sent faster than `rate` are dropped at the qdisc. A device
-/// without carrier (the black hole's peer is down) swaps its qdisc for noop, which drops without
-/// an error. The peer drops what it receives (192.0.2.2 is nobody's). `false`: skipped.
+/// sending device, so datagrams sent faster than `rate` are dropped at the qdisc. The peer drops
+/// what it receives (192.0.2.2 is nobody's). `false`: skipped.
 fn qdisc_that_drops(rate: &str) -> bool {
+    tbf_qdisc(rate, "32kb", "64kb")
+}
+
+/// Raises the black hole's peer and puts a tbf qdisc (`rate`, `burst`, a queue of `limit`) on the
+/// sending device: what it cannot send yet waits in the queue, still charged to the sending
+/// socket, and what does not fit the queue is dropped. A device without carrier (the black
+/// hole's peer is down) swaps its qdisc for noop, which drops without an error, hence the peer.
+/// `false`: skipped.
+fn tbf_qdisc(rate: &str, burst: &str, limit: &str) -> bool {
     util::run_tool("ip", &["link", "set", "zc1", "up"], None)
         && util::run_tool(
             "tc",
@@ -383,9 +366,9 @@ fn qdisc_that_drops(rate: &str) -> bool {
                 "rate",
                 rate,
                 "burst",
-                "32kb",
+                burst,
                 "limit",
-                "64kb",
+                limit,
             ],
             None,
         )

@@ -1284,13 +1284,7 @@ fn try_send_batch_takes_what_fits_and_leaves_the_rest() {
         let slow = Peer::slow(Duration::from_micros(500), 64 << 10);
         let peer = std::thread::spawn(move || util::receive(server, slow));
         let mut out = Vec::new();
-        while !queue.is_empty() {
-            util::wait_ready(&mut tx);
-            tx.reap(&mut out).unwrap();
-            let before = queue.len();
-            let took = tx.try_send_batch(&mut queue).unwrap();
-            assert_eq!(queue.len(), before - took, "{kind}");
-        }
+        util::try_send_all(&mut tx, &mut queue, &mut out);
         let (rest, _) = finish(tx);
         out.extend(rest);
         assert_eq!(out.len(), COUNT, "{kind}: every buffer back once");

@@ -2,6 +2,7 @@
 //! `ZEROTX_STRICT=1`), loopback peers, the stream pattern, and buffer bookkeeping.
 #![allow(dead_code, unsafe_code)]
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::thread::JoinHandle;
@@ -374,6 +375,22 @@ pub fn set_recverr(fd: std::os::fd::BorrowedFd<'_>, v6: bool) {
         (libc::IPPROTO_IP, libc::IP_RECVERR)
     };
     set_int_opt(fd, level, name, 1);
+}
+
+/// Gets all of `queue` through `tx` the way an event loop does: waits on `readiness`, reaps into
+/// `out`, calls `try_send_batch` again; asserts each call took exactly what left the queue.
+pub fn try_send_all<B: SendBuf>(
+    tx: &mut Sender<B>,
+    queue: &mut VecDeque<B>,
+    out: &mut Vec<Released<B>>,
+) {
+    while !queue.is_empty() {
+        wait_ready(tx);
+        tx.reap(out).unwrap();
+        let before = queue.len();
+        let took = tx.try_send_batch(queue).unwrap();
+        assert_eq!(queue.len(), before - took, "{}", tx.engine());
+    }
 }
 
 /// Waits (up to 10 s, else panics) on what `tx.readiness()` names, as an event loop would.
