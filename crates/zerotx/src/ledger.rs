@@ -141,6 +141,9 @@ pub struct Ledger<T> {
     pending: usize,
     /// Unowned ids not completed (or retracted).
     unowned: usize,
+    /// Ids of the window that completed and wait behind an older one that has not (the front
+    /// entry never is one): while there are none, a range cannot hold a duplicate.
+    done_behind: usize,
 }
 
 impl<T> Ledger<T> {
@@ -154,6 +157,7 @@ impl<T> Ledger<T> {
             held: 0,
             pending: 0,
             unowned: 0,
+            done_behind: 0,
         }
     }
 
@@ -170,6 +174,12 @@ impl<T> Ledger<T> {
     /// Ids sent for held items and not yet completed: what a sender can wait for.
     pub fn ids_in_flight(&self) -> usize {
         self.pending
+    }
+
+    /// Ids the ledger keeps: from the oldest not completed to the newest (those after the oldest
+    /// may have completed); none once every id completed.
+    pub fn ids_kept(&self) -> usize {
+        self.window.len()
     }
 
     /// Unowned ids not yet completed (see the module docs).
@@ -235,6 +245,27 @@ impl<T> Ledger<T> {
         held.sealed = false;
         held.copied = false;
         SlotId(i)
+    }
+
+    /// Starts holding the item the caller refilled in `free` as one whole send: the one id the
+    /// caller's call just took is recorded and no more will be. What
+    /// [`insert_refilled`](Self::insert_refilled), [`record_id`](Self::record_id) and
+    /// [`seal_with`](Self::seal_with) do in a row (the item, its id pending, does not settle), in
+    /// one step: a zero-copy datagram's. Returns the id.
+    #[inline(always)]
+    pub fn insert_refilled_one_id(&mut self, free: FreeSlot) -> u32 {
+        let id = self.next_id();
+        let SlotId(i) = self.insert_refilled(free);
+        self.pending += 1;
+        let held = &mut self.slots[i];
+        held.ids = 1;
+        held.pending = 1;
+        held.sealed = true;
+        self.window.push_back(Entry {
+            slot: i as u32,
+            done: false,
+        });
+        id
     }
 
     #[inline]
@@ -324,19 +355,12 @@ impl<T> Ledger<T> {
     /// Hands the item in slot `i` to `settle` and frees the slot.
     #[inline(always)]
     fn settle(&mut self, i: usize, settle: impl FnOnce(&mut T, Done)) {
-        // Counted out before the caller's `settle` runs, which may panic (a buffer's `as_bytes`):
-        // the ledger stays consistent either way.
-        self.free.push(i);
-        self.held -= 1;
-        let held = &mut self.slots[i];
-        assert!(held.live, "slot {i} settled twice");
-        held.live = false;
-        settle(
-            &mut held.item,
-            Done {
-                ids: held.ids,
-                kernel_copied: held.copied,
-            },
+        settle_slot(
+            &mut self.free,
+            &mut self.held,
+            &mut self.slots[i],
+            i,
+            settle,
         );
     }
 
@@ -362,33 +386,55 @@ impl<T> Ledger<T> {
             return Err(out_of_window);
         }
         let (lo, end) = (off as usize, end as usize);
-        if let Some(i) = (lo..end).find(|&i| self.window[i].done) {
-            return Err(LedgerError::Duplicate {
-                id: self.base.wrapping_add(i as u32),
-            });
+        // Completed ids still in the window: none (the usual case, completions in order) means
+        // the range holds no duplicate and the oldest id had not completed.
+        let behind = self.done_behind;
+        if behind > 0 {
+            if let Some(i) = (lo..end).find(|&i| self.window[i].done) {
+                return Err(LedgerError::Duplicate {
+                    id: self.base.wrapping_add(i as u32),
+                });
+            }
         }
-        for i in lo..end {
-            let entry = &mut self.window[i];
+        let Self {
+            slots,
+            free,
+            window,
+            held: held_count,
+            pending,
+            unowned,
+            done_behind,
+            ..
+        } = self;
+        for entry in window.range_mut(lo..end) {
+            // Counted as each is marked, so a panic below leaves the count true.
             entry.done = true;
+            *done_behind += 1;
             let Some(slot) = entry.slot() else {
-                self.unowned -= 1;
+                *unowned -= 1;
                 continue;
             };
-            self.pending -= 1;
-            let held = &mut self.slots[slot];
+            *pending -= 1;
+            let held = &mut slots[slot];
             assert!(held.live, "id {} points at free slot {slot}", range.lo);
             held.pending -= 1;
             held.copied |= range.copied;
             if held.pending == 0 && held.sealed {
                 // If the caller's `settle` panics (a buffer's `as_bytes`), the ids after this
                 // one stay in flight: their items are never settled early, only kept.
-                self.settle(slot, &mut settle);
+                settle_slot(free, held_count, held, slot, &mut settle);
             }
         }
-        while self.window.front().is_some_and(|e| e.done) {
-            self.window.pop_front();
-            self.base = self.base.wrapping_add(1);
-        }
+        // The completed ids at the front leave the window. With none completed before, they
+        // are exactly this range if it began at the front, and none if it did not.
+        let leaving = match (behind, lo) {
+            (0, 0) => end,
+            (0, _) => 0,
+            _ => self.window.iter().take_while(|e| e.done).count(),
+        };
+        self.done_behind -= leaving;
+        self.window.drain(..leaving);
+        self.base = self.base.wrapping_add(leaving as u32);
         Ok(count)
     }
 
@@ -397,6 +443,7 @@ impl<T> Ledger<T> {
     /// forgotten.
     pub fn take_all_with(&mut self, mut take: impl FnMut(&mut T)) {
         self.window.clear();
+        self.done_behind = 0;
         self.held = 0;
         self.pending = 0;
         self.unowned = 0;
@@ -409,6 +456,31 @@ impl<T> Ledger<T> {
             self.free.push(i);
         }
     }
+}
+
+/// [`Ledger::settle`] on the ledger's parts, for a caller that holds the window apart: hands the
+/// item `held` (slot `i`) to `settle` and frees the slot.
+#[inline(always)]
+fn settle_slot<T>(
+    free: &mut Vec<usize>,
+    held_count: &mut usize,
+    held: &mut Held<T>,
+    i: usize,
+    settle: impl FnOnce(&mut T, Done),
+) {
+    // Counted out before the caller's `settle` runs, which may panic (a buffer's `as_bytes`):
+    // the ledger stays consistent either way.
+    free.push(i);
+    *held_count -= 1;
+    assert!(held.live, "slot {i} settled twice");
+    held.live = false;
+    settle(
+        &mut held.item,
+        Done {
+            ids: held.ids,
+            kernel_copied: held.copied,
+        },
+    );
 }
 
 /// The by-value calls, for items that leave a settled slot empty (`Default`).

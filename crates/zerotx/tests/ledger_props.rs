@@ -6,12 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
 use zerotx::internals::cmsg::ZcRange;
-use zerotx::internals::ledger::{Ledger, SlotId};
+use zerotx::internals::ledger::Ledger;
 
 #[derive(Debug, Clone)]
 enum Op {
     /// A new buffer sent in `parts` zero-copy calls (parts > 1: short writes), 0 = copy only.
     Send { parts: u8 },
+    /// A new buffer sent whole under one id, inserted in one step
+    /// (`insert_refilled_one_id`, a zero-copy datagram's) when a slot is free.
+    SendWhole,
     /// Complete a run of up to `len` consecutive in-flight ids starting at the `pick`-th one.
     Complete { pick: usize, len: u8, copied: bool },
 }
@@ -19,6 +22,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0u8..4).prop_map(|parts| Op::Send { parts }),
+        Just(Op::SendWhole),
         (any::<usize>(), 1u8..6, any::<bool>()).prop_map(|(pick, len, copied)| Op::Complete {
             pick,
             len,
@@ -42,7 +46,7 @@ proptest! {
         let mut copied_ids: BTreeSet<u64> = BTreeSet::new();
         let mut next: u64 = 0;
         let mut released: BTreeMap<usize, bool> = BTreeMap::new();
-        let mut slots: Vec<SlotId> = Vec::new();
+        let mut buffers = 0usize;
         let mut out = Vec::new();
         let check = |out: &mut Vec<zerotx::internals::ledger::Settled<usize>>,
                          released: &mut BTreeMap<usize, bool>,
@@ -62,9 +66,9 @@ proptest! {
         for op in ops {
             match op {
                 Op::Send { parts } => {
-                    let b = slots.len();
+                    let b = buffers;
+                    buffers += 1;
                     let slot = ledger.insert(b);
-                    slots.push(slot);
                     for _ in 0..parts {
                         let id = ledger.record_id(slot);
                         prop_assert_eq!(id, start.wrapping_add(next as u32));
@@ -76,6 +80,26 @@ proptest! {
                         prop_assert_eq!(parts, 0);
                         out.push(s);
                     }
+                }
+                Op::SendWhole => {
+                    let b = buffers;
+                    buffers += 1;
+                    let id = match ledger.free_item() {
+                        Some((free, item)) => {
+                            *item = b;
+                            ledger.insert_refilled_one_id(free)
+                        }
+                        None => {
+                            let slot = ledger.insert(b);
+                            let id = ledger.record_id(slot);
+                            prop_assert!(ledger.seal(slot).is_none());
+                            id
+                        }
+                    };
+                    prop_assert_eq!(id, start.wrapping_add(next as u32));
+                    owner.insert(next, b);
+                    in_flight.insert(next);
+                    next += 1;
                 }
                 Op::Complete { pick, len, copied } => {
                     if in_flight.is_empty() {
@@ -104,6 +128,9 @@ proptest! {
             }
             check(&mut out, &mut released, &in_flight, &owner, &copied_ids)?;
             prop_assert_eq!(ledger.ids_in_flight(), in_flight.len());
+            // Completed ids leave as soon as no older one is in flight.
+            let kept = in_flight.first().map_or(0, |&oldest| next - oldest);
+            prop_assert_eq!(ledger.ids_kept() as u64, kept);
             prop_assert_eq!(ledger.next_id(), start.wrapping_add(next as u32));
         }
         // Complete everything left, in reverse order: every buffer comes back exactly once.
@@ -114,8 +141,9 @@ proptest! {
             in_flight.remove(&i);
         }
         check(&mut out, &mut released, &in_flight, &owner, &copied_ids)?;
-        prop_assert_eq!(released.len(), slots.len());
+        prop_assert_eq!(released.len(), buffers);
         prop_assert_eq!(ledger.held(), 0);
+        prop_assert_eq!(ledger.ids_kept(), 0);
     }
 
     #[test]
