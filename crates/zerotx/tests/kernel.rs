@@ -422,6 +422,21 @@ fn option_memory_enobufs_waits_or_falls_back_and_loses_nothing() {
         assert!(released
             .iter()
             .all(|r| r.report.path == SendPath::Copied(CopyReason::Fallback)));
+        // The same in a batch (msg-zc's datagram loop): each refused buffer goes by copy at once,
+        // in the same call, rather than back to the caller to retry into the same refusal.
+        let mut tx = Sender::connect_udp(bh.v4, EngineKind::MsgZerocopy).unwrap();
+        let mut queue: VecDeque<Vec<u8>> = (0..500).map(|_| vec![3u8; 16000]).collect();
+        let took = tx.try_send_batch(&mut queue).unwrap();
+        assert!(took > 0, "the first batch took nothing: {:?}", tx.stats());
+        let mut released = Vec::new();
+        util::try_send_all(&mut tx, &mut queue, &mut released);
+        let (rest, stats) = finish(tx);
+        released.extend(rest);
+        assert_eq!(released.len(), 500);
+        assert_eq!(stats.fallbacks, 500, "batch: {stats:?}");
+        assert!(released
+            .iter()
+            .all(|r| r.report.path == SendPath::Copied(CopyReason::Fallback)));
         // TCP: completions only come as the peer's ACKs arrive.
         zerotx_testbed::set_optmem_max(2048).unwrap();
         let (client, peer) = tcp_pair(false, Peer::checking());

@@ -75,7 +75,7 @@ impl<B: SendBuf> Record<B> {
     /// box from one send to the next instead of being built elsewhere and moved in.
     ///
     /// [`release_in_place`]: Self::release_in_place
-    #[inline]
+    #[inline(always)]
     pub(crate) fn refill(&mut self, buf: B, dest: Option<Box<SockAddr>>, started: Option<Instant>) {
         debug_assert!(
             self.bufs.is_empty(),
@@ -153,9 +153,39 @@ impl<B: SendBuf> Record<B> {
     /// Gives every buffer back with its report, counted in `stats` (through [`give`], the only
     /// place a [`Released`] is made). A batch's bytes are assigned in order; every buffer that did
     /// not go whole carries the error. Leaves the record without buffers, error or destination,
-    /// ready for [`refill`](Self::refill). Inlined into the engines' completion paths.
-    #[inline]
+    /// ready for [`refill`](Self::refill).
+    ///
+    /// Inlined into the engines' completion paths for the common case, one buffer that went whole
+    /// with no destination to drop; the rest is out of line ([`release_rest`](Self::release_rest)),
+    /// whose batch loop made every call set up a large stack frame (about 80 user-space
+    /// instructions per zero-copy datagram's release, cachegrind).
+    #[inline(always)]
     pub(crate) fn release_in_place(
+        &mut self,
+        zerocopy_engine: bool,
+        stats: &mut Stats,
+        out: &mut Vec<Released<B>>,
+    ) {
+        if self.bufs.len() == 1
+            && self.sent >= self.total
+            && self.dest.is_none()
+            && self.error.is_none()
+        {
+            let path = policy::release_path(zerocopy_engine, self.copy, self.kernel_copied);
+            let latency = self.started.map(|t| t.elapsed());
+            if let Some(buf) = self.bufs.pop() {
+                let bytes = buf.as_bytes().len();
+                give(out, stats, buf, bytes, path, latency, None);
+            }
+            return;
+        }
+        self.release_rest(zerocopy_engine, stats, out);
+    }
+
+    /// [`release_in_place`](Self::release_in_place) for every other record: a batch, a buffer
+    /// that did not go whole, one with a destination or an error.
+    #[inline(never)]
+    fn release_rest(
         &mut self,
         zerocopy_engine: bool,
         stats: &mut Stats,
@@ -168,8 +198,7 @@ impl<B: SendBuf> Record<B> {
         let mut error = self.error.take();
         let n = self.bufs.len();
         if n == 1 && sent >= self.total {
-            // The common case, one buffer that went whole, without the drain's iterator (whose
-            // state went through the stack and stalled the copy into `out`).
+            // One buffer that went whole (with a destination, or an error that came after).
             if let Some(buf) = self.bufs.pop() {
                 let bytes = buf.as_bytes().len();
                 give(out, stats, buf, bytes, path, latency, None);

@@ -235,47 +235,63 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
                 Err(e) => {
-                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
-                        // The path's MTU may have shrunk: ask again before the next datagram.
-                        self.mtu.forget(self.ledger.item(slot).dest.as_deref());
-                    }
-                    // Every failure but EAGAIN (handled above) may come after the id was taken.
-                    let (took_id, reaped) = if self.rule == IdRule::Datagram {
-                        self.learn_failed_datagram_id(sock, out)
-                    } else {
-                        (false, 0)
-                    };
-                    let budget = match e.raw_os_error() {
-                        Some(libc::ENOBUFS) => true,
-                        Some(libc::ENOMEM) => self.rule == IdRule::Vsock,
-                        _ => false,
-                    };
-                    if took_id || !budget {
-                        // A datagram the stack built and then dropped, or a real error.
-                        return Err(e);
-                    }
-                    self.stats.enobufs += 1;
-                    if let Some(auto) = &mut self.auto {
-                        auto.on_refusal();
-                        if auto.at_cap() == AtCap::Copy {
-                            // `auto` copies for a while rather than wait on the budget.
-                            self.ledger.item_mut(slot).copy_for(CopyReason::Budget);
-                            continue;
-                        }
-                    }
-                    let reaped = reaped + self.reap_errqueue(sock, out);
-                    match policy::on_budget_refusal(Refusal {
-                        freed: reaped > 0,
-                        may_free: self.ledger.ids_in_flight() > 0,
-                    }) {
-                        BudgetAction::Retry => continue,
-                        BudgetAction::Copy => {
-                            self.ledger.item_mut(slot).copy_for(CopyReason::Fallback)
-                        }
-                        BudgetAction::Wait => return Ok(Wait::Completions),
+                    if let Some(wait) = self.zc_refused(sock, slot, e, out)? {
+                        return Ok(wait);
                     }
                 }
             }
+        }
+    }
+
+    /// A zero-copy call for `slot` failed with `e` (not `EAGAIN`): an error of the buffer
+    /// (`Err`), a wait for completions (`Ok(Some)`), or go on sending it (`Ok(None)`: retry, or
+    /// by copy from now on, as the record now says).
+    fn zc_refused(
+        &mut self,
+        sock: &Socket,
+        slot: SlotId,
+        e: io::Error,
+        out: &mut Vec<Released<B>>,
+    ) -> io::Result<Option<Wait>> {
+        if e.raw_os_error() == Some(libc::EMSGSIZE) {
+            // The path's MTU may have shrunk: ask again before the next datagram.
+            self.mtu.forget(self.ledger.item(slot).dest.as_deref());
+        }
+        // Every failure but EAGAIN (handled by the caller) may come after the id was taken.
+        let (took_id, reaped) = if self.rule == IdRule::Datagram {
+            self.learn_failed_datagram_id(sock, out)
+        } else {
+            (false, 0)
+        };
+        let budget = match e.raw_os_error() {
+            Some(libc::ENOBUFS) => true,
+            Some(libc::ENOMEM) => self.rule == IdRule::Vsock,
+            _ => false,
+        };
+        if took_id || !budget {
+            // A datagram the stack built and then dropped, or a real error.
+            return Err(e);
+        }
+        self.stats.enobufs += 1;
+        if let Some(auto) = &mut self.auto {
+            auto.on_refusal();
+            if auto.at_cap() == AtCap::Copy {
+                // `auto` copies for a while rather than wait on the budget.
+                self.ledger.item_mut(slot).copy_for(CopyReason::Budget);
+                return Ok(None);
+            }
+        }
+        let reaped = reaped + self.reap_errqueue(sock, out);
+        match policy::on_budget_refusal(Refusal {
+            freed: reaped > 0,
+            may_free: self.ledger.ids_in_flight() > 0,
+        }) {
+            BudgetAction::Retry => Ok(None),
+            BudgetAction::Copy => {
+                self.ledger.item_mut(slot).copy_for(CopyReason::Fallback);
+                Ok(None)
+            }
+            BudgetAction::Wait => Ok(Some(Wait::Completions)),
         }
     }
 
@@ -573,6 +589,112 @@ impl<B: SendBuf> SendmsgEngine<B> {
         Err(SendError::Io { buf, error })
     }
 
+    /// `msg-zc`'s [`Engine::try_send_batch`] on a datagram socket (IP, raw, packet): one
+    /// `send(MSG_ZEROCOPY)` per buffer, each held in the ledger under the one id its call took
+    /// until that id completes, as [`send_one`](Self::send_one) holds it. The call that succeeds
+    /// is the whole loop: no head, broken stream or `auto` to ask about (a datagram socket has
+    /// neither of the first two, and `msg-zc` no policy), and the record is made after the call
+    /// from what it returned. The rest goes the general way with the same rules ([`send_each`]'s):
+    /// an empty buffer and a datagram the path would fragment through `send_one`, a failed call
+    /// through [`zc_datagram_refused`](Self::zc_datagram_refused).
+    ///
+    /// A loop of its own because the general one costs about 300 user-space instructions per
+    /// datagram (cachegrind, 65000 B) around the call, and a 65000-byte zero-copy datagram into
+    /// the black hole takes about 2.6 us: that is about 2% of its send.
+    fn send_zc_datagrams(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        let fd = sock.fd();
+        let mut taken = 0;
+        loop {
+            let Some(buf) = bufs.pop_front() else {
+                return Ok(taken);
+            };
+            let len = buf.as_bytes().len();
+            if len == 0 || !self.mtu.fits(sock, len, None) {
+                bufs.push_front(buf);
+                if !send_front(bufs, |buf| self.send_one(sock, buf, None, out))? {
+                    return Ok(taken);
+                }
+                taken += 1;
+                continue;
+            }
+            let started = self.latency.next();
+            self.stats.syscalls += 1;
+            match sys::send_to(fd, buf.as_bytes(), None, sys::MSG_ZEROCOPY) {
+                Ok(n) => {
+                    self.stats.bytes += n as u64;
+                    self.stats.sends += 1;
+                    self.stats.zerocopy_ids += 1;
+                    self.waiting = Wait::Nothing;
+                    // A datagram goes whole, under the one id its call took: held until that
+                    // id completes.
+                    match self.ledger.free_item() {
+                        Some((free, rec)) => {
+                            rec.refill(buf, None, started);
+                            rec.sent = rec.total;
+                            self.ledger.insert_refilled_one_id(free);
+                        }
+                        None => {
+                            let mut rec = Record::new(buf, None::<Box<SockAddr>>, started);
+                            rec.sent = rec.total;
+                            let slot = self.ledger.insert(rec);
+                            self.ledger.record_id(slot);
+                            self.seal(slot, out);
+                        }
+                    }
+                }
+                Err(e) => {
+                    if !self.zc_datagram_refused(sock, buf, started, e, bufs, out)? {
+                        return Ok(taken);
+                    }
+                }
+            }
+            taken += 1;
+        }
+    }
+
+    /// [`send_zc_datagrams`](Self::send_zc_datagrams)' call for `buf` failed with `e`: from here
+    /// the buffer goes as [`send_one`](Self::send_one) would take it on, its record in the ledger
+    /// and `write`'s answer to the failure (learn whether the call took an id; on the budget's
+    /// `ENOBUFS` read completions and retry, copy, or wait). `Ok(true)`: accepted; `Ok(false)`:
+    /// handed back, at the front of `bufs` again; `Err`: it failed.
+    #[cold]
+    #[inline(never)]
+    fn zc_datagram_refused(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        started: Option<std::time::Instant>,
+        e: io::Error,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<bool, SendError<B>> {
+        let slot = self
+            .ledger
+            .insert(Record::new(buf, None::<Box<SockAddr>>, started));
+        let result = if e.kind() == io::ErrorKind::WouldBlock {
+            Ok(Wait::Writable)
+        } else {
+            match self.zc_refused(sock, slot, e, out) {
+                Ok(Some(wait)) => Ok(wait),
+                Ok(None) => self.write(sock, slot, out),
+                Err(e) => Err(e),
+            }
+        };
+        match self.finish_send(slot, result, out) {
+            Ok(()) => Ok(true),
+            Err(SendError::WouldBlock(buf)) => {
+                bufs.push_front(buf);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// `copy`'s [`Engine::try_send_batch`] on a byte stream: up to [`sys::GATHER_MAX`] buffers and
     /// [`sys::GATHER_BYTES`] bytes per system call, as one write ([`sys::send_gather`]). Every buffer the kernel took whole is
     /// released at once; the one it cut finishes as [`try_send_copy`](Self::try_send_copy)'s
@@ -707,6 +829,19 @@ impl<B: SendBuf> SendmsgEngine<B> {
             self.zc_bytes += rec.total;
         }
         let result = self.write(sock, slot, out);
+        self.finish_send(slot, result, out)
+    }
+
+    /// How a zero-copy send of the record in `slot` ended, `write`'s `result`, as the caller
+    /// sees it: accepted (sealed, released once its ids complete; or the head, if a stream took
+    /// part and is full), handed back (nothing went: the buffer leaves the ledger), or failed.
+    #[inline(always)]
+    fn finish_send(
+        &mut self,
+        slot: SlotId,
+        result: io::Result<Wait>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
         let sent = self.ledger.item(slot).sent;
         match result {
             Ok(Wait::Nothing) => {
@@ -768,6 +903,9 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
                 debug_assert!(self.head.is_none() && self.broken.is_none());
                 return self.send_datagrams(sock, bufs, out);
             }
+        } else if self.rule == IdRule::Datagram && self.auto.is_none() {
+            debug_assert!(self.head.is_none() && self.broken.is_none());
+            return self.send_zc_datagrams(sock, bufs, out);
         }
         send_each(bufs, |buf| self.send_one(sock, buf, None, out))
     }
