@@ -141,8 +141,10 @@ pub struct Ledger<T> {
     pending: usize,
     /// Unowned ids not completed (or retracted).
     unowned: usize,
-    /// Ids of the window that completed and wait behind an older one that has not (the front
-    /// entry never is one): while there are none, a range cannot hold a duplicate.
+    /// Ids of the window that completed and have not left it: behind an older one that has not
+    /// completed, or, after a caller's `settle` panicked part way through a range, at the front
+    /// until the next completion. While there are none, a range cannot hold a duplicate and the
+    /// oldest id has not completed.
     done_behind: usize,
 }
 
@@ -177,7 +179,9 @@ impl<T> Ledger<T> {
     }
 
     /// Ids the ledger keeps: from the oldest not completed to the newest (those after the oldest
-    /// may have completed); none once every id completed.
+    /// may have completed); none once every id completed. (After a caller's `settle` panicked in
+    /// [`complete_with`](Self::complete_with), completed ids may stay at the front until the next
+    /// completion.)
     pub fn ids_kept(&self) -> usize {
         self.window.len()
     }
@@ -527,6 +531,32 @@ mod tests {
             hi,
             copied: false,
         }
+    }
+
+    #[test]
+    fn a_settle_that_panics_part_way_leaves_the_ledger_consistent() {
+        // A caller's `settle` can panic (a buffer's `as_bytes`): the ids it had marked stay
+        // completed, the items after it stay held, and the next completion clears the window.
+        let mut l: Ledger<u32> = Ledger::new(10);
+        for b in 0..4 {
+            let s = l.insert(b);
+            l.record_id(s);
+            assert!(!l.seal_with(s, |_, _| {}));
+        }
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            l.complete_with(r(10, 13), |item, _| assert_ne!(*item, 1, "as_bytes"))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!((l.ids_in_flight(), l.held(), l.ids_kept()), (2, 2, 4));
+        assert!(
+            l.complete_with(r(11, 11), |_, _| {}).is_err(),
+            "a completed id again"
+        );
+        let mut got = Vec::new();
+        assert_eq!(l.complete_with(r(12, 13), |item, _| got.push(*item)), Ok(2));
+        assert_eq!(got, [2, 3]);
+        assert_eq!((l.ids_in_flight(), l.held(), l.ids_kept()), (0, 0, 0));
+        assert_eq!(l.next_id(), 14);
     }
 
     #[test]

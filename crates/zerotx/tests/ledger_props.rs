@@ -15,6 +15,9 @@ enum Op {
     /// A new buffer sent whole under one id, inserted in one step
     /// (`insert_refilled_one_id`, a zero-copy datagram's) when a slot is free.
     SendWhole,
+    /// An id no buffer waits for (a failed datagram's, a short vsock call's), taken back at once
+    /// if `retract` (the caller learned the kernel never took it).
+    Unowned { retract: bool },
     /// Complete a run of up to `len` consecutive in-flight ids starting at the `pick`-th one.
     Complete { pick: usize, len: u8, copied: bool },
 }
@@ -23,6 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         (0u8..4).prop_map(|parts| Op::Send { parts }),
         Just(Op::SendWhole),
+        any::<bool>().prop_map(|retract| Op::Unowned { retract }),
         (any::<usize>(), 1u8..6, any::<bool>()).prop_map(|(pick, len, copied)| Op::Complete {
             pick,
             len,
@@ -101,6 +105,16 @@ proptest! {
                     in_flight.insert(next);
                     next += 1;
                 }
+                Op::Unowned { retract } => {
+                    let id = ledger.record_unowned_id();
+                    prop_assert_eq!(id, start.wrapping_add(next as u32));
+                    if retract {
+                        prop_assert!(ledger.retract_unowned(id));
+                    } else {
+                        in_flight.insert(next);
+                        next += 1;
+                    }
+                }
                 Op::Complete { pick, len, copied } => {
                     if in_flight.is_empty() {
                         continue;
@@ -127,7 +141,10 @@ proptest! {
                 }
             }
             check(&mut out, &mut released, &in_flight, &owner, &copied_ids)?;
-            prop_assert_eq!(ledger.ids_in_flight(), in_flight.len());
+            // Owned ids only: an unowned one is in the window, but nothing waits for it.
+            let owned = in_flight.iter().filter(|i| owner.contains_key(i)).count();
+            prop_assert_eq!(ledger.ids_in_flight(), owned);
+            prop_assert_eq!(ledger.unowned_in_flight(), in_flight.len() - owned);
             // Completed ids leave as soon as no older one is in flight.
             let kept = in_flight.first().map_or(0, |&oldest| next - oldest);
             prop_assert_eq!(ledger.ids_kept() as u64, kept);
