@@ -53,6 +53,18 @@ impl<B: SendBuf> Record<B> {
         started: Option<Instant>,
     ) -> Self {
         let total = buf.as_bytes().len();
+        Self::of_len(buf, total, dest, started)
+    }
+
+    /// As [`new`](Self::new), for a buffer of `total` bytes, without asking `buf` again: for a
+    /// record made after the kernel took (or may have taken) an id for it, where a panicking
+    /// `as_bytes` would leave the id unrecorded.
+    pub(crate) fn of_len(
+        buf: B,
+        total: usize,
+        dest: Option<impl Into<Box<SockAddr>>>,
+        started: Option<Instant>,
+    ) -> Self {
         let mut bufs = SmallVec::new();
         bufs.push(buf);
         Self {
@@ -77,11 +89,24 @@ impl<B: SendBuf> Record<B> {
     /// [`release_in_place`]: Self::release_in_place
     #[inline(always)]
     pub(crate) fn refill(&mut self, buf: B, dest: Option<Box<SockAddr>>, started: Option<Instant>) {
+        let total = buf.as_bytes().len();
+        self.refill_len(buf, total, dest, started);
+    }
+
+    /// As [`refill`](Self::refill), for a buffer of `total` bytes (see [`of_len`](Self::of_len)).
+    #[inline(always)]
+    pub(crate) fn refill_len(
+        &mut self,
+        buf: B,
+        total: usize,
+        dest: Option<Box<SockAddr>>,
+        started: Option<Instant>,
+    ) {
         debug_assert!(
             self.bufs.is_empty(),
             "refill of a record that holds buffers"
         );
-        self.total = buf.as_bytes().len();
+        self.total = total;
         self.bufs.clear();
         self.bufs.push(buf);
         self.dest = dest;

@@ -589,14 +589,20 @@ impl<B: SendBuf> SendmsgEngine<B> {
         Err(SendError::Io { buf, error })
     }
 
-    /// `msg-zc`'s [`Engine::try_send_batch`] on a datagram socket (IP, raw, packet): one
-    /// `send(MSG_ZEROCOPY)` per buffer, each held in the ledger under the one id its call took
-    /// until that id completes, as [`send_one`](Self::send_one) holds it. The call that succeeds
-    /// is the whole loop: no head, broken stream or `auto` to ask about (a datagram socket has
-    /// neither of the first two, and `msg-zc` no policy), and the record is made after the call
-    /// from what it returned. The rest goes the general way with the same rules ([`send_each`]'s):
-    /// an empty buffer and a datagram the path would fragment through `send_one`, a failed call
-    /// through [`zc_datagram_refused`](Self::zc_datagram_refused).
+    /// `msg-zc`'s [`Engine::try_send_batch`] on a datagram socket (UDP: KERNEL.md lists the
+    /// datagram sockets that take `SO_ZEROCOPY`): one `send(MSG_ZEROCOPY)` per buffer, each held
+    /// in the ledger under the one id its call took until that id completes, as
+    /// [`send_one`](Self::send_one) holds it. The call that succeeds is the whole loop: no head,
+    /// broken stream or `auto` to ask about (a datagram socket has neither of the first two, and
+    /// `msg-zc` no policy), and the record is made after the call, the datagram whole. A full
+    /// socket hands the buffer back as `send_one` would. The rest goes the general way with the
+    /// same rules ([`send_each`]'s): an empty buffer and a datagram the path would fragment
+    /// through `send_one`, a failed call through
+    /// [`zc_datagram_refused`](Self::zc_datagram_refused).
+    ///
+    /// Nothing asks the buffer for its bytes after the call: a panicking `as_bytes` there would
+    /// leave the id the call took unrecorded, and the next buffer would be released on that id's
+    /// completion.
     ///
     /// A loop of its own because the general one costs about 300 user-space instructions per
     /// datagram (cachegrind, 65000 B) around the call, and a 65000-byte zero-copy datagram into
@@ -613,7 +619,8 @@ impl<B: SendBuf> SendmsgEngine<B> {
             let Some(buf) = bufs.pop_front() else {
                 return Ok(taken);
             };
-            let len = buf.as_bytes().len();
+            let data = buf.as_bytes();
+            let len = data.len();
             if len == 0 || !self.mtu.fits(sock, len, None) {
                 bufs.push_front(buf);
                 if !send_front(bufs, |buf| self.send_one(sock, buf, None, out))? {
@@ -624,7 +631,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             }
             let started = self.latency.next();
             self.stats.syscalls += 1;
-            match sys::send_to(fd, buf.as_bytes(), None, sys::MSG_ZEROCOPY) {
+            match sys::send_to(fd, data, None, sys::MSG_ZEROCOPY) {
                 Ok(n) => {
                     self.stats.bytes += n as u64;
                     self.stats.sends += 1;
@@ -634,21 +641,28 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     // id completes.
                     match self.ledger.free_item() {
                         Some((free, rec)) => {
-                            rec.refill(buf, None, started);
-                            rec.sent = rec.total;
+                            rec.refill_len(buf, len, None, started);
+                            rec.sent = len;
                             self.ledger.insert_refilled_one_id(free);
                         }
                         None => {
-                            let mut rec = Record::new(buf, None::<Box<SockAddr>>, started);
-                            rec.sent = rec.total;
+                            let mut rec = Record::of_len(buf, len, None::<Box<SockAddr>>, started);
+                            rec.sent = len;
                             let slot = self.ledger.insert(rec);
                             self.ledger.record_id(slot);
                             self.seal(slot, out);
                         }
                     }
                 }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // No id taken, nothing sent: back to the front, as `send_one` hands it back.
+                    self.waiting = Wait::Writable;
+                    self.stats.would_block += 1;
+                    bufs.push_front(buf);
+                    return Ok(taken);
+                }
                 Err(e) => {
-                    if !self.zc_datagram_refused(sock, buf, started, e, bufs, out)? {
+                    if !self.zc_datagram_refused(sock, buf, len, started, e, bufs, out)? {
                         return Ok(taken);
                     }
                 }
@@ -657,17 +671,20 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
-    /// [`send_zc_datagrams`](Self::send_zc_datagrams)' call for `buf` failed with `e`: from here
-    /// the buffer goes as [`send_one`](Self::send_one) would take it on, its record in the ledger
-    /// and `write`'s answer to the failure (learn whether the call took an id; on the budget's
-    /// `ENOBUFS` read completions and retry, copy, or wait). `Ok(true)`: accepted; `Ok(false)`:
-    /// handed back, at the front of `bufs` again; `Err`: it failed.
+    /// [`send_zc_datagrams`](Self::send_zc_datagrams)' call for `buf` (`len` bytes) failed with
+    /// `e` (not `EAGAIN`): from here the buffer goes as [`send_one`](Self::send_one) would take
+    /// it on, its record in the ledger and `write`'s answer to the failure (learn whether the
+    /// call took an id; on the budget's `ENOBUFS` read completions and retry, copy, or wait).
+    /// `Ok(true)`: accepted; `Ok(false)`: handed back, at the front of `bufs` again; `Err`: it
+    /// failed.
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn zc_datagram_refused(
         &mut self,
         sock: &Socket,
         buf: B,
+        len: usize,
         started: Option<std::time::Instant>,
         e: io::Error,
         bufs: &mut VecDeque<B>,
@@ -675,15 +692,11 @@ impl<B: SendBuf> SendmsgEngine<B> {
     ) -> Result<bool, SendError<B>> {
         let slot = self
             .ledger
-            .insert(Record::new(buf, None::<Box<SockAddr>>, started));
-        let result = if e.kind() == io::ErrorKind::WouldBlock {
-            Ok(Wait::Writable)
-        } else {
-            match self.zc_refused(sock, slot, e, out) {
-                Ok(Some(wait)) => Ok(wait),
-                Ok(None) => self.write(sock, slot, out),
-                Err(e) => Err(e),
-            }
+            .insert(Record::of_len(buf, len, None::<Box<SockAddr>>, started));
+        let result = match self.zc_refused(sock, slot, e, out) {
+            Ok(Some(wait)) => Ok(wait),
+            Ok(None) => self.write(sock, slot, out),
+            Err(e) => Err(e),
         };
         match self.finish_send(slot, result, out) {
             Ok(()) => Ok(true),
