@@ -853,54 +853,6 @@ impl<B: SendBuf> State<B> {
         }
     }
 
-    /// [`Engine::try_send`] on the ring the caller holds: accepts `buf` (its request formed and
-    /// pushed at once if nothing waits before it, else queued) or hands it back.
-    #[inline]
-    fn accept(
-        &mut self,
-        ring: &mut Ring,
-        buf: B,
-        dest: Option<SockAddr>,
-        out: &mut Vec<Released<B>>,
-    ) -> Result<(), SendError<B>> {
-        if let Some(errno) = self.broken {
-            return Err(SendError::Io {
-                buf,
-                error: io::Error::from_raw_os_error(errno),
-            });
-        }
-        if self.queue.len() >= self.cfg.queue_limit {
-            if let Err(error) = self.kick(ring, out) {
-                return Err(SendError::Io { buf, error });
-            }
-            if self.queue.len() >= self.cfg.queue_limit {
-                self.stats.would_block += 1;
-                return Err(SendError::WouldBlock(buf));
-            }
-        }
-        self.held += 1;
-        self.stats.sends += 1;
-        let dest = dest.map(Box::new);
-        let res = if self.queue.is_empty() && self.auto.is_none() && self.may_issue(ring) {
-            // Nothing queued before it: form its request at once, as `issue` would after
-            // queueing it (no trip through the queue).
-            let region = self.fixed_region(ring);
-            let (zc, merge) = (self.zc, self.merge);
-            let fixed = zc && fixed_index(region, merge, &buf).is_some();
-            self.form(ring, region, (buf, dest), zc, fixed, None, None)
-                .map(drop)
-        } else {
-            self.queue.push_back((buf, dest));
-            self.issue(ring, out)
-        };
-        let res = res.and_then(|()| ring.submit_if_due(self.eager()));
-        // The buffer is queued either way; the next progress enters again and reports a failure.
-        if res.is_err() {
-            self.owed = true;
-        }
-        Ok(())
-    }
-
     /// Gives a record back with its report, and keeps its request's box for the next one.
     fn release(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
         let rec = op.record();
@@ -1007,7 +959,42 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         let (mut ring, st) = self.split();
-        st.accept(&mut ring, buf, dest, out)
+        if let Some(errno) = st.broken {
+            return Err(SendError::Io {
+                buf,
+                error: io::Error::from_raw_os_error(errno),
+            });
+        }
+        if st.queue.len() >= st.cfg.queue_limit {
+            if let Err(error) = st.kick(&mut ring, out) {
+                return Err(SendError::Io { buf, error });
+            }
+            if st.queue.len() >= st.cfg.queue_limit {
+                st.stats.would_block += 1;
+                return Err(SendError::WouldBlock(buf));
+            }
+        }
+        st.held += 1;
+        st.stats.sends += 1;
+        let dest = dest.map(Box::new);
+        let res = if st.queue.is_empty() && st.auto.is_none() && st.may_issue(&ring) {
+            // Nothing queued before it: form its request at once, as `issue` would after
+            // queueing it (no trip through the queue).
+            let region = st.fixed_region(&ring);
+            let (zc, merge) = (st.zc, st.merge);
+            let fixed = zc && fixed_index(region, merge, &buf).is_some();
+            st.form(&mut ring, region, (buf, dest), zc, fixed, None, None)
+                .map(drop)
+        } else {
+            st.queue.push_back((buf, dest));
+            st.issue(&mut ring, out)
+        };
+        let res = res.and_then(|()| ring.submit_if_due(st.eager()));
+        // The buffer is queued either way; the next progress enters again and reports a failure.
+        if res.is_err() {
+            st.owed = true;
+        }
+        Ok(())
     }
 
     /// On a byte stream the whole batch enters the queue first (up to the queue's limit), so the
@@ -1015,15 +1002,12 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
     /// sockets take the buffers one by one ([`try_send`](Engine::try_send)).
     fn try_send_batch(
         &mut self,
-        _sock: &Socket,
+        sock: &Socket,
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
         if !self.st.merge {
-            // Each buffer as `try_send` takes it, under one borrow of the ring (a shared ring is
-            // locked once per batch, not per buffer).
-            let (mut ring, st) = self.split();
-            return send_each(bufs, |buf| st.accept(&mut ring, buf, None, out));
+            return send_each(bufs, |buf| self.try_send(sock, buf, None, out));
         }
         let (mut ring, st) = self.split();
         let mut accepted = 0;
