@@ -422,8 +422,9 @@ fn option_memory_enobufs_waits_or_falls_back_and_loses_nothing() {
         assert!(released
             .iter()
             .all(|r| r.report.path == SendPath::Copied(CopyReason::Fallback)));
-        // The same in a batch (msg-zc's datagram loop): each refused buffer goes by copy at once,
-        // in the same call, rather than back to the caller to retry into the same refusal.
+        // The same in a batch (msg-zc's datagram loop): a refused buffer goes by copy in the
+        // same call, not back to the caller to retry into the same refusal, so the first call
+        // takes buffers (all of them into the black hole, unless the socket buffer fills).
         let mut tx = Sender::connect_udp(bh.v4, EngineKind::MsgZerocopy).unwrap();
         let mut queue: VecDeque<Vec<u8>> = (0..500).map(|_| vec![3u8; 16000]).collect();
         let took = tx.try_send_batch(&mut queue).unwrap();
