@@ -258,17 +258,27 @@ impl<T> Ledger<T> {
     /// one step: a zero-copy datagram's. Returns the id.
     #[inline(always)]
     pub fn insert_refilled_one_id(&mut self, free: FreeSlot) -> u32 {
-        let id = self.next_id();
         let SlotId(i) = self.insert_refilled(free);
-        self.pending += 1;
+        let id = self.push_owned_id(i);
+        self.slots[i].sealed = true;
+        id
+    }
+
+    /// The next id, taken for the live, unsealed item in slot `i`: pending until it completes.
+    #[inline(always)]
+    fn push_owned_id(&mut self, i: usize) -> u32 {
         let held = &mut self.slots[i];
-        held.ids = 1;
-        held.pending = 1;
-        held.sealed = true;
-        self.window.push_back(Entry {
-            slot: i as u32,
-            done: false,
-        });
+        held.pending += 1;
+        held.ids += 1;
+        self.pending += 1;
+        self.push_id(i as u32)
+    }
+
+    /// The next id, at the end of the window, for `slot` ([`UNOWNED`] for none).
+    #[inline(always)]
+    fn push_id(&mut self, slot: u32) -> u32 {
+        let id = self.next_id();
+        self.window.push_back(Entry { slot, done: false });
         id
     }
 
@@ -300,29 +310,16 @@ impl<T> Ledger<T> {
     /// Records that a zero-copy send for `slot` succeeded and took the next id; returns that id.
     #[inline]
     pub fn record_id(&mut self, slot: SlotId) -> u32 {
-        let id = self.next_id();
         let held = self.held_mut(slot);
         assert!(!held.sealed, "record_id on a sealed slot");
-        held.pending += 1;
-        held.ids += 1;
-        self.pending += 1;
-        self.window.push_back(Entry {
-            slot: slot.0 as u32,
-            done: false,
-        });
-        id
+        self.push_owned_id(slot.0)
     }
 
     /// Records an id the kernel may have taken for a call whose bytes no buffer needs to wait
     /// for; returns it. See the module docs.
     pub fn record_unowned_id(&mut self) -> u32 {
-        let id = self.next_id();
         self.unowned += 1;
-        self.window.push_back(Entry {
-            slot: UNOWNED,
-            done: false,
-        });
-        id
+        self.push_id(UNOWNED)
     }
 
     /// Takes back the unowned `id` if it is still the newest id and has not completed: the caller
