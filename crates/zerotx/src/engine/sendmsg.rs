@@ -564,7 +564,8 @@ impl<B: SendBuf> SendmsgEngine<B> {
 
     /// [`send_datagrams`](Self::send_datagrams) stopped at `buf`, after `taken` buffers went:
     /// an empty buffer (`error` is `None`) is refused; a full socket puts it back at the front of
-    /// `bufs`; any other error hands it back with the error.
+    /// `bufs`; any other error hands it back with the error. (A full socket ends
+    /// [`send_zc_datagrams`](Self::send_zc_datagrams) here too: no id was taken.)
     #[cold]
     #[inline(never)]
     fn datagram_refused(
@@ -655,11 +656,8 @@ impl<B: SendBuf> SendmsgEngine<B> {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // No id taken, nothing sent: back to the front, as `send_one` hands it back.
-                    self.waiting = Wait::Writable;
-                    self.stats.would_block += 1;
-                    bufs.push_front(buf);
-                    return Ok(taken);
+                    // No id taken, nothing sent: back to the front, as `copy`'s loop does.
+                    return self.datagram_refused(buf, Some(e), taken, bufs);
                 }
                 Err(e) => {
                     if !self.zc_datagram_refused(sock, buf, len, started, e, bufs, out)? {
