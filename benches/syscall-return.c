@@ -10,12 +10,17 @@
  *   32 call+ret   the same with 32 such pairs first;
  *   inline+call   inline, then a call and return made after the system call;
  *   k per ret     k inline sends in a function the loop calls again and again (one return into
- *                 an older frame per k sends: a batch API), for k = 1, 2, 8 and 32.
+ *                 an older frame per k sends: a batch API), for k = 1, 2, 8 and 32;
+ *   4 rets        in a function three calls deep, so four returns into older frames follow;
+ *   4 rets, fill N  the same, with N return-stack entries filled right after the system call
+ *                 (calls never returned from, as zerotx's `sys::refill_return_stack` makes).
  *
  * On the AMD EPYC VMs this project runs on (SRSO "Safe RET", retpolines, RSB filling), any return
  * into a frame that was live before the system call costs 0.5-0.8 us more per call, however many
  * returns matched by calls come before it; returns of calls made after the system call cost
- * nothing. See benches/compare-raw-results.md.
+ * nothing. It is the first return that finds a stale entry on the CPU's return stack: with N
+ * entries filled after the call, N returns into older frames cost nothing, and the next one pays
+ * (4 rets: fill 1 and 2 pay, fill 4 and 32 do not). See benches/compare-raw-results.md.
  *
  *   cc -O2 -o target/syscall-return benches/syscall-return.c && target/syscall-return
  */
@@ -71,6 +76,38 @@ __attribute__((noinline)) long send_k(long fd, char *buf, long len, struct socka
 	return s;
 }
 
+/* Leaves n entries on the return stack that no return will match (past the 128-byte red zone). */
+#define FILL(n)                                                                                   \
+	__asm__ volatile("sub $128, %%rsp\n\t.rept " #n "\n\tcall 1f\n\tint3\n1:\n\t.endr\n\t"          \
+			 "add $(128 + 8 * " #n "), %%rsp" ::: "memory")
+
+/* A frame that calls g and returns what it gave: one more return into an older frame. */
+#define LEVEL(f, g)                                                                               \
+	__attribute__((noinline)) long f(long fd, char *buf, long len, struct sockaddr_in *a)     \
+	{                                                                                         \
+		long r = g(fd, buf, len, a);                                                      \
+		__asm__ volatile("");                                                             \
+		return r;                                                                         \
+	}
+
+/* name3 sends three calls deep, running `after` right after the system call. */
+#define DEEP(name, after)                                                                         \
+	__attribute__((noinline)) long name##0(long fd, char *buf, long len, struct sockaddr_in *a)  \
+	{                                                                                         \
+		long r = SEND(fd, buf, len, a);                                                   \
+		after;                                                                            \
+		return r;                                                                         \
+	}                                                                                         \
+	LEVEL(name##1, name##0)                                                                   \
+	LEVEL(name##2, name##1)                                                                   \
+	LEVEL(name##3, name##2)
+
+DEEP(plain, )
+DEEP(fill1, FILL(1))
+DEEP(fill2, FILL(2))
+DEEP(fill4, FILL(4))
+DEEP(fill32, FILL(32))
+
 static double now(void)
 {
 	struct timespec t;
@@ -116,6 +153,15 @@ int main(void)
 			for (long i = 0; i < n / k; i++)
 				s += send_k(fd, buf, sizeof buf, &a, k);
 			printf(", %ld per ret %.0f", k, (now() - t) / (n / k * k) * 1e9);
+		}
+		long (*deep[])(long, char *, long, struct sockaddr_in *) = {plain3, fill13, fill23, fill43,
+									    fill323};
+		static const char *names[] = {"", ", fill 1", ", fill 2", ", fill 4", ", fill 32"};
+		for (unsigned j = 0; j < sizeof deep / sizeof deep[0]; j++) {
+			double t = now();
+			for (long i = 0; i < n; i++)
+				s += deep[j](fd, buf, sizeof buf, &a);
+			printf(", 4 rets%s %.0f", names[j], (now() - t) / n * 1e9);
 		}
 		printf("\n");
 	}
