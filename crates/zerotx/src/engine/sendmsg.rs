@@ -516,6 +516,32 @@ impl<B: SendBuf> SendmsgEngine<B> {
         }
     }
 
+    /// [`Engine::try_send_batch`] up to the fill that follows it: the loop for the socket and
+    /// engine. Inlined, so the system calls of the datagram loops are made in `try_send_batch`'s
+    /// own frame, which the fill then covers (see [`sys::refill_return_stack`]).
+    #[inline(always)]
+    fn send_batch_now(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        if !self.zerocopy {
+            if self.byte_stream {
+                return self.send_gathered(sock, bufs, out);
+            }
+            if !self.stream {
+                // Only a stream's partial send leaves a head or breaks the socket.
+                debug_assert!(self.head.is_none() && self.broken.is_none());
+                return self.send_datagrams(sock, bufs, out);
+            }
+        } else if self.rule == IdRule::Datagram && self.auto.is_none() {
+            debug_assert!(self.head.is_none() && self.broken.is_none());
+            return self.send_zc_datagrams(sock, bufs, out);
+        }
+        send_each(bufs, |buf| self.send_one(sock, buf, None, out))
+    }
+
     /// `copy`'s [`Engine::try_send_batch`] on a datagram socket: one `send` per buffer, each
     /// released as soon as its call returns. The rules are [`send_each`]'s: a failure is the
     /// front buffer's (the kernel took the ones before it), the rest stay in `bufs`; a full
@@ -527,6 +553,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// stream, which a copied datagram never has. This one costs about 80: the bench's `copy`,
     /// harness included, went from 227 to 193 per datagram, against `raw-copy`'s 74
     /// (benches/compare-raw-results.md has what that did to the throughput).
+    #[inline(always)]
     fn send_datagrams(
         &mut self,
         sock: &Socket,
@@ -608,6 +635,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// A loop of its own because the general one costs about 300 user-space instructions per
     /// datagram (cachegrind, 65000 B) around the call, and a 65000-byte zero-copy datagram into
     /// the black hole takes about 2.6 us: that is about 2% of its send.
+    #[inline(always)]
     fn send_zc_datagrams(
         &mut self,
         sock: &Socket,
@@ -711,6 +739,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
     /// released at once; the one it cut finishes as [`try_send_copy`](Self::try_send_copy)'s
     /// would. The rules are [`send_each`]'s: a failure is the front buffer's (the kernel took the
     /// buffers before it), the rest stay in `bufs`.
+    #[inline(always)]
     fn send_gathered(
         &mut self,
         sock: &Socket,
@@ -896,7 +925,9 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        self.send_one(sock, buf, dest, out)
+        let sent = self.send_one(sock, buf, dest, out);
+        sys::refill_return_stack();
+        sent
     }
 
     fn try_send_batch(
@@ -905,20 +936,9 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        if !self.zerocopy {
-            if self.byte_stream {
-                return self.send_gathered(sock, bufs, out);
-            }
-            if !self.stream {
-                // Only a stream's partial send leaves a head or breaks the socket.
-                debug_assert!(self.head.is_none() && self.broken.is_none());
-                return self.send_datagrams(sock, bufs, out);
-            }
-        } else if self.rule == IdRule::Datagram && self.auto.is_none() {
-            debug_assert!(self.head.is_none() && self.broken.is_none());
-            return self.send_zc_datagrams(sock, bufs, out);
-        }
-        send_each(bufs, |buf| self.send_one(sock, buf, None, out))
+        let taken = self.send_batch_now(sock, bufs, out);
+        sys::refill_return_stack();
+        taken
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {

@@ -527,6 +527,8 @@ impl<B: SendBuf> State<B> {
         let now = self.latency.due_within(n).then(Instant::now);
         self.stats.syscalls += 1;
         let result = sys::send_gather(fd.as_fd(), &slices);
+        // The returns up to the caller's loop, past `issue` and the engine call, come next.
+        sys::refill_return_stack();
         drop(slices);
         let mut taken = match result {
             Ok(taken) => taken,
