@@ -425,14 +425,44 @@ impl Ring {
     }
 
     /// `io_uring_enter` for what the SQ holds (with `IORING_ENTER_GETEVENTS` when the kernel holds
-    /// overflowed completions, which flushes them), retried on `EINTR`. Returns the SQEs consumed.
-    /// The test hooks can make it fail ([`super::inject`]).
+    /// overflowed completions, which flushes them, or task work), retried on `EINTR`. Returns the
+    /// SQEs consumed. The test hooks can make it fail ([`super::inject`]).
+    ///
+    /// What the `io-uring` crate's `Submitter::submit` does for a ring without SQPOLL or IOPOLL
+    /// (this one never has either), with the system call made here, inline (rustix), and the
+    /// return stack filled after it ([`sys::refill_return_stack`](crate::sys::refill_return_stack)):
+    /// through the crate it went through glibc's `syscall()`, whose return, and the crate's, paid
+    /// the cost that fill avoids, once per enter.
     fn enter(&mut self) -> io::Result<usize> {
         self.enters += 1;
         if let Some(e) = super::take_failed_enter() {
             return Err(e);
         }
-        crate::sys::retry(|| self.ring.submit())
+        let entered = crate::sys::retry(|| {
+            let (pending, flags) = {
+                let sq = self.ring.submission();
+                let getevents = sq.cq_overflow() || sq.taskrun();
+                let flags = if getevents {
+                    rustix::io_uring::IoringEnterFlags::GETEVENTS
+                } else {
+                    rustix::io_uring::IoringEnterFlags::empty()
+                };
+                (sq.len(), flags)
+            };
+            let pending = u32::try_from(pending).expect("the SQ holds at most 2^15 entries");
+            // SAFETY: the ring's descriptor stays open while `self.ring` lives. Every SQE in the
+            // SQ points only at memory its request owns, and the ring keeps each request in its
+            // slot until the request's last CQE (see `push`): what the kernel reads while it
+            // consumes them stays valid. No argument pointer is passed.
+            unsafe {
+                let fd = std::os::fd::BorrowedFd::borrow_raw(self.ring.as_raw_fd());
+                rustix::io_uring::io_uring_enter(fd, pending, 0, flags)
+            }
+            .map(|n| n as usize)
+            .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
+        });
+        crate::sys::refill_return_stack();
+        entered
     }
 
     /// Submits until the SQ is empty; fails if something is left in it.
