@@ -64,7 +64,13 @@
 //! The libc calls go through a small `sys` module over `libc` (and `socket2` for addresses);
 //! the id ledger, the error-queue decoder, the page-aligned pool, the engines and `auto`'s policy
 //! exist in no crate made for the job, so they are written here and tested against the real
-//! kernel.
+//! kernel. So is one thing below the system calls: after its sends and its `io_uring_enter`
+//! (made inline through rustix, not through the `io-uring` crate's `submit`, for this reason), the
+//! library fills the CPU's return-address predictor (`sys::refill_return_stack`, as the kernel
+//! does at a context switch). On AMD VMs with the kernel's SRSO "Safe RET" mitigation the first
+//! return after a system call that finds the kernel's stale entries there costs 0.5-0.8 us, which
+//! every library call that ended in a system call paid and a hand-written loop never does
+//! (`benches/syscall-return.c`, `benches/compare-raw-results.md`).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 

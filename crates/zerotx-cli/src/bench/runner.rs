@@ -29,11 +29,12 @@ use super::result::Run;
 /// Sends between two non-blocking reaps, and buffers per `send_batch` call for zerotx's engines,
 /// unless `--batch` says otherwise.
 ///
-/// The batch is what a library call amortises. On the VMs this runs on, the first return into a
-/// frame older than a system call costs 0.5-0.8 us (benches/syscall-return.c): a `send_batch`
-/// pays it once per call, the raw loops, whose system calls are inlined into [`measure`], never.
-/// Per call of 32 datagrams of 4 KiB (1.7 us each) that is about 1% of the time; `--batch 64`
-/// measured 0.5% closer to `raw-copy` there (0.965 against 0.960, three alternating rounds).
+/// The batch is what a library call amortises: the call itself, and, on the VMs this runs on, a
+/// return after a system call that finds a stale entry on the CPU's return stack, which costs
+/// 0.5-0.8 us (benches/syscall-return.c). The raw loops, whose system calls are inlined into
+/// [`measure`], never make such a return; the library fills the return stack after its system
+/// calls (`sys::refill_return_stack`) so that its own cost little (at `--batch 1`, `copy` went
+/// from 0.71-0.75x to 0.88-0.90x `raw-copy` with the fill).
 pub const DEFAULT_BATCH: usize = 32;
 
 /// The largest `--batch`: half the io_uring rings' submission queues (256 entries, zerotx's

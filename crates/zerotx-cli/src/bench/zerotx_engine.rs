@@ -137,10 +137,10 @@ impl ZerotxDriver {
     }
 
     /// Hands the queued buffers to the sender, in one call. Inlined into the timed loop, as the
-    /// raw drivers' sends are: on the machines this runs on a function return into a frame older
-    /// than a system call costs 0.5-0.8 us (benches/syscall-return.c), and the harness must not
-    /// add one per batch that the baselines do not pay. The one left is the library's own, out of
-    /// its engine.
+    /// raw drivers' sends are: the harness adds no call of its own around the library's (on the
+    /// machines this runs on, returns after a system call can cost 0.5-0.8 us each,
+    /// benches/syscall-return.c; the library fills the return stack against that, the harness
+    /// would have to as well).
     #[inline(always)]
     fn send_batch(&mut self) -> anyhow::Result<()> {
         if self.queued > 0 {

@@ -429,7 +429,10 @@ impl<B: SendBuf> SendmsgEngine<B> {
 
     fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
         let Some(slot) = self.head else { return };
-        match self.write(sock, slot, out) {
+        let written = self.write(sock, slot, out);
+        // Out of line (called from `send_one` and `progress`): its return comes before theirs.
+        sys::refill_return_stack();
+        match written {
             Ok(Wait::Nothing) => {
                 self.head = None;
                 self.waiting = Wait::Nothing;
@@ -497,7 +500,10 @@ impl<B: SendBuf> SendmsgEngine<B> {
         let mut rec = Record::new(buf, dest, started);
         rec.copy = reason;
         rec.sent = sent;
-        match send_copied(&mut self.stats, self.stream, sock, &mut rec) {
+        let sent = send_copied(&mut self.stats, self.stream, sock, &mut rec);
+        // Out of line: its return comes before its caller's fill.
+        sys::refill_return_stack();
+        match sent {
             Ok(true) => {
                 self.waiting = Wait::Nothing;
                 rec.release(self.zerocopy, &mut self.stats, out);
@@ -517,8 +523,12 @@ impl<B: SendBuf> SendmsgEngine<B> {
     }
 
     /// [`Engine::try_send_batch`] up to the fill that follows it: the loop for the socket and
-    /// engine. Inlined, so the system calls of the datagram loops are made in `try_send_batch`'s
-    /// own frame, which the fill then covers (see [`sys::refill_return_stack`]).
+    /// engine. Inlined, with the loops it picks, so their system calls are made in
+    /// `try_send_batch`'s own frame, which the fill then covers (see
+    /// [`sys::refill_return_stack`]); the out-of-line helpers that also enter the kernel
+    /// (`push_head`, `finish_partial`) fill before they return. Not covered: the error-queue
+    /// reads (glibc's `recvmsg`, whose own return comes first) and the rare paths through
+    /// `zc_datagram_refused`.
     #[inline(always)]
     fn send_batch_now(
         &mut self,

@@ -182,9 +182,28 @@ pub fn send_to(
 }
 
 /// How many entries [`refill_return_stack`] leaves: the return stack buffer's depth on the CPUs
-/// this was measured on (AMD Zen: 32; Intel's are 16-32), so every return up a caller's stack
-/// of that depth finds one.
+/// this was measured on (32), so every return up a caller's stack of that depth finds one.
+#[cfg(target_arch = "x86_64")]
 pub const RETURN_STACK_FILL: usize = 32;
+
+/// Where the kernel says how it mitigates Speculative Return Stack Overflow.
+#[cfg(target_arch = "x86_64")]
+const SRSO_STATUS: &str = "/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow";
+
+/// Whether [`refill_return_stack`] fills, from the kernel's SRSO status (`status`): where it
+/// mitigates with "Safe RET", the only mitigation this was measured under.
+#[cfg(target_arch = "x86_64")]
+fn fill_pays(status: &str) -> bool {
+    status.contains("Safe RET")
+}
+
+/// [`fill_pays`] for this machine, read once.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fill_pays_here() -> bool {
+    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAYS.get_or_init(|| fill_pays(&std::fs::read_to_string(SRSO_STATUS).unwrap_or_default()))
+}
 
 /// Fills the CPU's return-address predictor (the return stack buffer) with harmless entries, as
 /// the kernel does at a context switch: each return into a frame that was live before the last
@@ -196,18 +215,27 @@ pub const RETURN_STACK_FILL: usize = 32;
 /// 1400-byte UDP `sendto` (`benches/syscall-return.c`), about a third of a small send: a library
 /// pays it each time a call of its that entered the kernel returns, and a raw loop with the call
 /// inline never does. Filled, those returns cost nothing measurable (same file), as long as there
-/// are no more of them than entries; the fill itself costs about 18 ns. Where the kernel leaves
-/// the predictor intact (no machine this ran on), it turns returns that would have been predicted
-/// into mispredicted ones: a few nanoseconds each.
+/// are no more of them than entries; the fill itself costs about 18 ns. So it fills only where
+/// the kernel reports that mitigation ([`fill_pays`], read once): elsewhere it could turn returns
+/// that would have been predicted into mispredicted ones, for nothing measured.
 ///
 /// Skipped under a user shadow stack (CET: `rdsspq` gives its pointer; on a CPU or a process
-/// without one the instruction is a no-op and leaves 0), which would fault at a return after calls
-/// that are never returned from. A no-op off x86-64.
+/// without one it is a no-op, and the register keeps the 0 the block put there), which would
+/// fault at a return after calls that are never returned from. A no-op off x86-64.
 #[inline(always)]
 pub fn refill_return_stack() {
     #[cfg(target_arch = "x86_64")]
+    if fill_pays_here() {
+        fill_return_stack();
+    }
+}
+
+/// The fill of [`refill_return_stack`], wherever it runs.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fill_return_stack() {
     // SAFETY: the block changes no register but `ssp` and the flags, and no memory but the stack
-    // below the 128-byte red zone, which it gives back: `rsp` ends as it began. Its calls are
+    // below the 128-byte red zone, which it gives back (`rsp` ends as it began). Its calls are
     // never returned from (each `int3` runs only speculatively, if ever), which is the point, and
     // nothing but a shadow stack tracks calls; with one (a nonzero shadow-stack pointer) the block
     // jumps over them.
@@ -471,37 +499,39 @@ mod tests {
 
     /// Returns through `depth` frames after a fill (if `fill`), each checking the locals it kept
     /// across it.
+    #[cfg(target_arch = "x86_64")]
     #[inline(never)]
     fn fill_then_return(depth: u32, seed: u64, fill: bool) -> u64 {
-        let kept: [u64; 8] = std::array::from_fn(|i| seed.wrapping_mul(i as u64 + 3));
+        // Opaque to the compiler, so it is computed before the fill and kept across it.
+        let kept: [u64; 8] =
+            std::hint::black_box(std::array::from_fn(|i| seed.wrapping_mul(i as u64 + 3)));
         let below = if depth == 0 {
             if fill {
-                refill_return_stack();
+                fill_return_stack();
             }
             seed
         } else {
             fill_then_return(depth - 1, seed.rotate_left(7) ^ u64::from(depth), fill)
         };
         let again: [u64; 8] = std::array::from_fn(|i| seed.wrapping_mul(i as u64 + 3));
-        assert_eq!(
-            std::hint::black_box(kept),
-            again,
-            "a local changed across the fill"
-        );
+        assert_eq!(kept, again, "a local changed across the fill");
         below.wrapping_mul(31) ^ u64::from(depth)
     }
 
     /// The address of a local of a fresh frame: moves if the stack pointer does.
+    #[cfg(target_arch = "x86_64")]
     #[inline(never)]
     fn stack_probe() -> usize {
         let probe = 0u8;
         std::hint::black_box(std::ptr::addr_of!(probe)) as usize
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn a_fill_of_the_return_stack_leaves_the_stack_and_every_frame_as_they_were() {
         // Deeper than the fill as well: the returns past its entries find whatever was there
-        // before, and must go where they should all the same.
+        // before, and must go where they should all the same. The fill runs whatever the kernel's
+        // mitigation (`fill_return_stack`, not the gated `refill_return_stack`).
         let seed = 0x9e37_79b9_7f4a_7c15;
         for depth in [
             0,
@@ -516,8 +546,22 @@ mod tests {
                 fill_then_return(depth, seed, false),
                 "depth {depth}"
             );
-            refill_return_stack();
+            fill_return_stack();
             assert_eq!(stack_probe(), before, "the stack pointer moved");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_return_stack_is_filled_only_under_the_mitigation_it_was_measured_under() {
+        for (status, fill) in [
+            ("Vulnerable: Safe RET, no microcode\n", true),
+            ("Mitigation: Safe RET\n", true),
+            ("Mitigation: IBPB\n", false),
+            ("Not affected\n", false),
+            ("", false), // no sysfs (a container without it, an old kernel)
+        ] {
+            assert_eq!(fill_pays(status), fill, "{status:?}");
         }
     }
 

@@ -425,8 +425,9 @@ impl Ring {
     }
 
     /// `io_uring_enter` for what the SQ holds (with `IORING_ENTER_GETEVENTS` when the kernel holds
-    /// overflowed completions, which flushes them, or task work), retried on `EINTR`. Returns the
-    /// SQEs consumed. The test hooks can make it fail ([`super::inject`]).
+    /// overflowed completions, which flushes them; the crate's check for task work is kept,
+    /// though this ring is set up without the flags that make it), retried on `EINTR`. Returns
+    /// the SQEs consumed. The test hooks can make it fail ([`super::inject`]).
     ///
     /// What the `io-uring` crate's `Submitter::submit` does for a ring without SQPOLL or IOPOLL
     /// (this one never has either), with the system call made here, inline (rustix), and the
