@@ -346,23 +346,18 @@ impl<T> Ledger<T> {
         let held = self.held_mut(slot);
         held.sealed = true;
         if held.pending == 0 {
-            self.settle(slot.0, settle);
+            let i = slot.0;
+            settle_slot(
+                &mut self.free,
+                &mut self.held,
+                &mut self.slots[i],
+                i,
+                settle,
+            );
             true
         } else {
             false
         }
-    }
-
-    /// Hands the item in slot `i` to `settle` and frees the slot.
-    #[inline(always)]
-    fn settle(&mut self, i: usize, settle: impl FnOnce(&mut T, Done)) {
-        settle_slot(
-            &mut self.free,
-            &mut self.held,
-            &mut self.slots[i],
-            i,
-            settle,
-        );
     }
 
     /// Applies the completion `range`, handing each item it settles to `settle` in its slot, in id
@@ -459,8 +454,8 @@ impl<T> Ledger<T> {
     }
 }
 
-/// [`Ledger::settle`] on the ledger's parts, for a caller that holds the window apart: hands the
-/// item `held` (slot `i`) to `settle` and frees the slot.
+/// Hands the item `held` (slot `i`) to `settle` and frees the slot, on the ledger's parts (so
+/// `complete_with` can call it while it holds the window apart).
 #[inline(always)]
 fn settle_slot<T>(
     free: &mut Vec<usize>,

@@ -3,8 +3,9 @@
 //! Nothing outside this module (and the buffer pool's allocation) says `unsafe`. Each function here
 //! names the syscall it stands on and retries `EINTR` in one place ([`retry`]). Most go through
 //! libc, turning `-1` into [`io::Error::last_os_error`] through one [`syscall!`] macro; the
-//! per-send call ([`send_to`]) goes through rustix's inline system call instead, for the reason
-//! its docs give.
+//! per-send calls ([`send_to`], [`send_gather`]) and `io_uring_enter` (`uring::Ring`) go through
+//! rustix's inline system calls instead, for the reason `send_to`'s docs give, and the engines
+//! fill the return stack after them ([`refill_return_stack`]).
 #![allow(unsafe_code)]
 
 use std::io;
