@@ -9,6 +9,8 @@ use std::time::Duration;
 use zerotx::probe::ProbeReport;
 use zerotx::{EngineKind, Explanation, Sender};
 
+use crate::stdout::{out, outln};
+
 fn yes_no(b: bool) -> &'static str {
     if b {
         "yes"
@@ -155,11 +157,11 @@ pub fn render_explain() -> String {
 pub fn run(json: bool, explain: bool) -> anyhow::Result<()> {
     let report = zerotx::probe();
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render_table(&report));
+        out!("{}", render_table(&report));
         if explain {
-            print!("{}", render_explain());
+            out!("{}", render_explain());
         }
     }
     Ok(())

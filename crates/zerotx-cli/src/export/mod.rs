@@ -8,7 +8,6 @@ pub mod markdown;
 pub mod svg;
 pub mod table;
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
@@ -52,9 +51,7 @@ impl Format {
 /// Writes `report` in `format` to standard output.
 pub fn print(report: &Report, format: Format) -> anyhow::Result<()> {
     let bytes = format.exporter().render(report)?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(&bytes)?;
-    out.flush()?;
+    crate::stdout::write_bytes(&bytes);
     Ok(())
 }
 
