@@ -64,8 +64,8 @@ pub enum FileVia {
 #[command(
     after_help = "A file that changes while it is being sent is the caller's problem: \
     with --file-via mmap or sendfile the kernel reads the file's pages when it transmits them, \
-    so a writer racing the transfer changes what the receiver gets (a file truncated under a \
-    mapping ends the transfer with an error)."
+    so a writer racing the transfer changes what the receiver gets. A file whose size changes \
+    (between opening and mapping, or while it is sent) ends the transfer with an error."
 )]
 pub struct SendArgs {
     /// Where to send: HOST:PORT, `[IPV6]:PORT`, HOST (port 5201) or vsock:CID:PORT.
