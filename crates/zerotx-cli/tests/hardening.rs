@@ -138,6 +138,58 @@ fn a_file_that_shrinks_before_it_is_mapped_fails_and_is_never_wrapped() {
     }
 }
 
+/// Item 8, the other window: the file shrinks while it is sent (paced, so the truncation comes
+/// mid-stream). The sender fails and names the change; the receiver never gets more than the
+/// file's first bytes and the zeros of the page the file now ends in.
+#[test]
+fn a_file_that_shrinks_while_it_is_sent_fails_and_says_so() {
+    let dir = scratch("shrink-mid");
+    let len = 8 << 20;
+    let short = (1 << 20) + 777;
+    for engine in ["copy", "msg-zc", "uring-zc"] {
+        let data = noise(len, 0x5eed);
+        let path = dir.join("in.bin");
+        std::fs::write(&path, &data).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let sender = Proc::spawn(&mut zerotx(&[
+            "send",
+            &format!("127.0.0.1:{port}"),
+            "--file",
+            path.to_str().unwrap(),
+            "--engine",
+            engine,
+            "--size",
+            "64K",
+            "-b",
+            "80M",
+            "-i",
+            "0",
+        ]));
+        let (mut c, _) = l.accept().unwrap();
+        let mut got = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        // Read past the new end first, so the truncation lands mid-stream.
+        while got.len() < 2 << 20 {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(short as u64)
+            .unwrap();
+        c.set_read_timeout(Some(T)).unwrap();
+        let _ = c.read_to_end(&mut got);
+        let out = sender.wait(T);
+        assert!(got.len() < len, "{engine}: the whole length arrived");
+        refused(&out, "changed size while it was sent");
+    }
+}
+
 /// Item 9: a bitrate below one bit per second is refused, not a panic.
 #[test]
 fn a_bitrate_below_one_bit_per_second_is_refused() {

@@ -148,8 +148,12 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     } = &plan.source
     {
         if let Err(e) = same_size(file, path, *len, "while it was sent") {
+            // The change is the cause; what the stream saw (EFAULT past a truncation) follows.
             let first = &mut ends[0];
-            first.error.get_or_insert(e);
+            first.error = Some(match first.error.take() {
+                Some(seen) => anyhow::anyhow!("{e} (the stream: {seen:#})"),
+                None => e,
+            });
         }
     }
     let cpu1 = zerotx_testbed::process_cpu_split();
