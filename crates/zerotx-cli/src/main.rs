@@ -42,4 +42,7 @@ fn main() {
         eprintln!("Error: {e:#}");
         std::process::exit(1);
     }
+    if stdout::closed() {
+        std::process::exit(stdout::CLOSED);
+    }
 }

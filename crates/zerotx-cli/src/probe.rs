@@ -160,7 +160,8 @@ pub fn run(json: bool, explain: bool) -> anyhow::Result<()> {
         outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         out!("{}", render_table(&report));
-        if explain {
+        // No reader left (`zerotx probe --explain | head -2`): no need to measure more.
+        if explain && !crate::stdout::closed() {
             out!("{}", render_explain());
         }
     }

@@ -375,6 +375,7 @@ fn quiet(o: &Output, what: &str) {
     assert_ne!(o.status.code(), Some(101), "{what}: a panic:\n{err}");
     assert!(!err.contains("panicked"), "{what}:\n{err}");
     assert!(!err.contains("Broken pipe"), "{what}:\n{err}");
+    assert_eq!(o.status.code(), Some(141), "{what}:\n{err}");
 }
 
 /// Item 9: `zerotx probe --explain | head -2` and `zerotx send ... | head` end quietly.

@@ -62,6 +62,11 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
     banner(opts, shown);
     let mut cur: Option<Transfer> = None;
     loop {
+        if crate::stdout::closed() {
+            // Nobody reads the report: stop. What the reading threads wrote to --output is
+            // written (unbuffered); the senders see their connections reset.
+            return Ok(());
+        }
         let next_tick = cur.as_ref().and_then(|t| t.meter.next_tick());
         let event = match next_tick {
             Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {

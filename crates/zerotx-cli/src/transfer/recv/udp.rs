@@ -93,6 +93,10 @@ pub(super) fn serve(opts: &Opts, sock: UdpSocket, shown: &str) -> anyhow::Result
     let mut cur: Option<Transfer> = None;
     banner(opts, shown);
     loop {
+        if crate::stdout::closed() {
+            // Nobody reads the report: end the transfer (flushing --output) and stop.
+            return cur.take().map_or(Ok(()), |t| finish(opts, t));
+        }
         let got = sock.recv_from(&mut buf);
         let now = Instant::now();
         let (n, from) = match got {
