@@ -1,7 +1,7 @@
 //! The `zerotx` command, laid out like hyperfine so each piece has its own file:
 //! `options` (every flag, checked into typed options) -> `bench` (topologies, scheduler, runner,
 //! engines) -> `export` (one exporter per format); `probe` prints what the host supports;
-//! `transfer` is `send` and `recv` (iperf3-style bulk transfer).
+//! `transfer` is `send` and `recv` (iperf3-style bulk transfer); `stdout` is where they print.
 //!
 //! Ours, and why: the benchmark method (interleaved repetitions, the same timed loop for every
 //! engine); the transfer's generated stream (`transfer/pattern.rs`: self-locating words, so a
@@ -15,6 +15,7 @@ mod bench;
 mod export;
 mod options;
 mod probe;
+mod stdout;
 mod transfer;
 
 use clap::Parser;
@@ -40,5 +41,8 @@ fn main() {
     if let Err(e) = run() {
         eprintln!("Error: {e:#}");
         std::process::exit(1);
+    }
+    if stdout::closed() {
+        std::process::exit(stdout::CLOSED);
     }
 }

@@ -64,8 +64,8 @@ pub enum FileVia {
 #[command(
     after_help = "A file that changes while it is being sent is the caller's problem: \
     with --file-via mmap or sendfile the kernel reads the file's pages when it transmits them, \
-    so a writer racing the transfer changes what the receiver gets (a file truncated under a \
-    mapping ends the transfer with an error)."
+    so a writer racing the transfer changes what the receiver gets. A file whose size changes \
+    (between opening and mapping, or while it is sent) ends the transfer with an error."
 )]
 pub struct SendArgs {
     /// Where to send: HOST:PORT, `[IPV6]:PORT`, HOST (port 5201) or vsock:CID:PORT.
@@ -116,6 +116,14 @@ pub struct SendArgs {
 
 /// `zerotx recv` flags.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Bounds, so the network does not decide what the receiver spends: a TCP \
+    transfer takes at most 128 connections (one reading thread each; more are closed at once \
+    until it ends); a UDP transfer meters at most 128 source addresses (datagrams from others \
+    are counted apart, neither verified nor written to --output); --json keeps at most 100000 \
+    interval samples per transfer (the oldest intervals go first, counted as intervals_dropped; \
+    text output keeps none)."
+)]
 pub struct RecvArgs {
     /// Where to listen: PORT, HOST:PORT, `[IPV6]:PORT`, vsock:PORT or vsock:CID:PORT.
     #[arg(long, short = 'l', value_name = "ADDR", default_value = "5201")]
@@ -129,9 +137,10 @@ pub struct RecvArgs {
     /// order; one that is not the stream is corrupt (non-zero exit; loss alone is not).
     #[arg(long)]
     pub verify: bool,
-    /// Write what arrives to FILE, created or truncated when a transfer starts. One stream at a
-    /// time: a connection arriving while one is written is closed at once. UDP: datagrams in
-    /// arrival order.
+    /// Write what arrives to FILE, opened once when zerotx recv starts (created if missing;
+    /// never through a symbolic link, and only a regular file) and emptied when a transfer
+    /// starts. One stream at a time: a connection arriving while one is written is closed at
+    /// once. UDP: datagrams in arrival order.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Exit after one transfer (TCP: the connections that overlap in time; UDP: until --idle
@@ -374,6 +383,21 @@ impl BenchArgs {
         if let Some(v) = &self.vsock {
             topologies.push(parse_vsock(v)?);
         }
+        if let Some(sizes) = &sizes {
+            for t in &topologies {
+                let t = t.build();
+                let max = t.max_size();
+                if sizes.iter().all(|&s| s > max) {
+                    bail!(
+                        "invalid --sizes for {}: it sends at most {max} bytes at once, and every \
+                         size given is larger; give a size up to {max} or leave {} out of \
+                         --topology",
+                        t.name(),
+                        t.name()
+                    );
+                }
+            }
+        }
         if self.ring_mib == 0 || self.ring_mib > 4096 {
             bail!("invalid --ring-mib {}: give 1 to 4096", self.ring_mib);
         }
@@ -444,6 +468,16 @@ mod tests {
     }
 
     #[test]
+    fn a_topology_that_could_run_no_size_is_refused() {
+        let e = check(&["--sizes", "64K", "--topology", "udp-blackhole"]).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("udp-blackhole") && e.contains("65507"), "{e}");
+        // Some fit: the others are left out, and the report says so.
+        assert!(check(&["--sizes", "1400,64K"]).is_ok());
+        assert!(check(&["--sizes", "64K", "--topology", "tcp-loopback"]).is_ok());
+    }
+
+    #[test]
     fn vsock_needs_cid_and_port() {
         assert_eq!(
             parse_vsock("3:5201").unwrap(),
@@ -510,6 +544,7 @@ mod tests {
             ]
         );
         assert!(check(&["--json", "--csv"]).is_err());
+        assert!(check(&["--csv"]).is_ok());
         assert!(check(&["--csv", "--markdown"]).is_err());
     }
 }

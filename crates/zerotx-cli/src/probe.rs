@@ -9,6 +9,8 @@ use std::time::Duration;
 use zerotx::probe::ProbeReport;
 use zerotx::{EngineKind, Explanation, Sender};
 
+use crate::stdout::{out, outln};
+
 fn yes_no(b: bool) -> &'static str {
     if b {
         "yes"
@@ -155,11 +157,12 @@ pub fn render_explain() -> String {
 pub fn run(json: bool, explain: bool) -> anyhow::Result<()> {
     let report = zerotx::probe();
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", render_table(&report));
-        if explain {
-            print!("{}", render_explain());
+        out!("{}", render_table(&report));
+        // No reader left (`zerotx probe --explain | head -2`): no need to measure more.
+        if explain && !crate::stdout::closed() {
+            out!("{}", render_explain());
         }
     }
     Ok(())

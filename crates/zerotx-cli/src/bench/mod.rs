@@ -24,21 +24,31 @@ pub use engine::Engine;
 
 use cell::Cells;
 use progress::Progress;
-use result::{Cell, Report, TopologyResult};
+use result::{Cell, LeftOut, Report, TopologyResult};
 use scheduler::{Grid, Plan};
 use topology::{Cpus, Topology};
 
 use crate::options::BenchOptions;
 
-fn sizes_for(opts: &BenchOptions, t: &dyn Topology) -> Vec<usize> {
+/// The sizes a topology runs, and those it leaves out.
+type Sizes = (Vec<usize>, Option<LeftOut>);
+
+/// The sizes `t` runs, and those it leaves out (larger than it sends at once), which the report
+/// names. The options refuse a topology that would run none.
+fn sizes_for(opts: &BenchOptions, t: &dyn Topology) -> Sizes {
     let sizes = opts.sizes.clone().unwrap_or_else(|| t.default_sizes());
-    sizes.into_iter().filter(|&s| s <= t.max_size()).collect()
+    let (run, over): (Vec<usize>, Vec<usize>) = sizes.into_iter().partition(|&s| s <= t.max_size());
+    let left_out = (!over.is_empty()).then(|| LeftOut {
+        sizes: over,
+        max_size: t.max_size(),
+    });
+    (run, left_out)
 }
 
 fn summarise(
     opts: &BenchOptions,
     t: &dyn Topology,
-    sizes: Vec<usize>,
+    (sizes, left_out): Sizes,
     grid: Option<Grid<result::Run>>,
     skipped: Option<String>,
 ) -> TopologyResult {
@@ -58,6 +68,7 @@ fn summarise(
         sizes,
         engines: opts.engines.iter().map(|e| e.name().to_string()).collect(),
         cells,
+        left_out,
     }
 }
 
@@ -93,12 +104,12 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
     let n_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cpus = Cpus::for_host(n_cpus);
     let topologies: Vec<Box<dyn Topology>> = opts.topologies.iter().map(|c| c.build()).collect();
-    let plans: Vec<(Vec<usize>, Plan)> = topologies
+    let plans: Vec<(Sizes, Plan)> = topologies
         .iter()
         .map(|t| {
             let sizes = sizes_for(opts, t.as_ref());
             let plan = Plan {
-                sizes: sizes.len(),
+                sizes: sizes.0.len(),
                 engines: opts.engines.len(),
                 repeat: opts.repeat,
                 seed: opts.seed,
@@ -112,14 +123,15 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
     for (t, (sizes, plan)) in topologies.iter().zip(plans) {
         let mut grid = None;
         let name = t.name();
+        let run_sizes = &sizes.0;
         let entered = t.enter(cpus, &mut |site| {
-            let mut cells = Cells::new(opts, site, &sizes, cpus);
+            let mut cells = Cells::new(opts, site, run_sizes, cpus);
             grid = Some(scheduler::run(&plan, &mut cells, |slot, event| {
                 let what = format!(
                     "{} {} {}B",
                     name,
                     opts.engines[slot.engine].name(),
-                    sizes[slot.size]
+                    run_sizes[slot.size]
                 );
                 progress.step(&what, &event);
             }));

@@ -241,6 +241,28 @@ pub struct TopologyResult {
     pub engines: Vec<String>,
     /// Every (engine, size) cell.
     pub cells: Vec<Cell>,
+    /// Sizes asked for that this topology cannot send at once, so not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub left_out: Option<LeftOut>,
+}
+
+/// Sizes a topology left out: larger than its largest send (a UDP datagram's payload).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct LeftOut {
+    /// The sizes, in order.
+    pub sizes: Vec<usize>,
+    /// The largest send the topology takes.
+    pub max_size: usize,
+}
+
+impl LeftOut {
+    /// Why a size was not run, in a few words (tables, CSV's error column).
+    pub fn reason(&self) -> String {
+        format!(
+            "larger than {} bytes, the most this topology sends at once",
+            self.max_size
+        )
+    }
 }
 
 impl TopologyResult {

@@ -69,6 +69,10 @@ fn render(r: &Report) -> String {
             let _ = writeln!(s, "_Skipped: {why}_\n");
             continue;
         }
+        if let Some(l) = &t.left_out {
+            let sizes: Vec<String> = l.sizes.iter().map(|&z| size_label(z)).collect();
+            let _ = writeln!(s, "_Left out: {} ({})_\n", sizes.join(", "), l.reason());
+        }
         let mut headers = vec!["size".to_string()];
         headers.extend(t.engines.iter().map(|e| format!("{e} [MB/s]")));
         let rows: Vec<Vec<String>> = t

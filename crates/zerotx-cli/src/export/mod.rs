@@ -8,7 +8,6 @@ pub mod markdown;
 pub mod svg;
 pub mod table;
 
-use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
@@ -52,9 +51,7 @@ impl Format {
 /// Writes `report` in `format` to standard output.
 pub fn print(report: &Report, format: Format) -> anyhow::Result<()> {
     let bytes = format.exporter().render(report)?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(&bytes)?;
-    out.flush()?;
+    crate::stdout::write_bytes(&bytes);
     Ok(())
 }
 
@@ -147,6 +144,7 @@ pub mod sample {
                     cell("copy", 65000, run(6000.0, 0, 0, 1000)),
                     Cell::summarise("msg-zc", 65000, vec![], Some("engine unavailable".into())),
                 ],
+                left_out: None,
             },
             TopologyResult {
                 name: "vsock".into(),
@@ -176,6 +174,7 @@ pub mod sample {
                 cell("uring", 1400, run(800.0, 0, 0, 1000)),
                 cell("uring-zc", 1400, run(350.0, 0, 1000, 0)),
             ],
+            left_out: None,
         }])
     }
 
@@ -209,6 +208,7 @@ pub mod sample {
                 cell("raw-uring-zc-fixed", 65000, run(33000.0, 1000, 0, 0)),
                 cell("liburing-zc-fixed", 65000, lib),
             ],
+            left_out: None,
         }])
     }
 }

@@ -112,7 +112,8 @@ fn block(
 
 /// What `auto` chose at each size, and how it fared against the best single engine.
 fn auto_block(s: &mut String, t: &TopologyResult) {
-    if !t.engines.iter().any(|e| e == "auto") || t.best_single(t.sizes[0]).is_none() {
+    let best = t.sizes.first().and_then(|&size| t.best_single(size));
+    if !t.engines.iter().any(|e| e == "auto") || best.is_none() {
         return;
     }
     let _ = writeln!(
@@ -179,6 +180,10 @@ pub fn render(r: &Report) -> String {
         if let Some(why) = &t.skipped {
             let _ = writeln!(s, "  skipped: {why}");
             continue;
+        }
+        if let Some(l) = &t.left_out {
+            let sizes: Vec<String> = l.sizes.iter().map(|&z| size_label(z)).collect();
+            let _ = writeln!(s, "  left out: {} ({})", sizes.join(", "), l.reason());
         }
         block(
             &mut s,

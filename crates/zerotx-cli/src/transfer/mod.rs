@@ -68,6 +68,18 @@ pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
     if t.is_empty() {
         bail!("empty address: give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT");
     }
+    // The resolver reads a bare number as an IPv4 address (70000 is 0.1.17.112): a host that
+    // is all digits is a mistake (a port without its host?), never a place to send to.
+    let host = match t.rsplit_once(':') {
+        Some((h, _)) if !h.contains(':') => h,
+        _ => t,
+    };
+    if !host.is_empty() && host.bytes().all(|b| b.is_ascii_digit()) {
+        bail!(
+            "invalid address {t:?}: {host} is not a host (a number alone reads as an IPv4 \
+             address); give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT"
+        );
+    }
     let with_port = if t.parse::<SocketAddr>().is_ok() {
         t.to_string()
     } else if let Ok(ip) = t.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
@@ -103,7 +115,11 @@ pub fn listen_endpoint(s: &str) -> anyhow::Result<Endpoint> {
         }
         return parse_vsock(t, rest);
     }
-    if let Ok(port) = t.trim_start_matches(':').parse::<u16>() {
+    let digits = t.trim_start_matches(':');
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        let port = digits.parse::<u16>().map_err(|_| {
+            anyhow::anyhow!("invalid port {digits} in --listen {t:?}: give a port from 0 to 65535")
+        })?;
         return Ok(Endpoint::Ip(SocketAddr::new(
             Ipv6Addr::UNSPECIFIED.into(),
             port,
@@ -131,7 +147,10 @@ fn parse_vsock(all: &str, rest: &str) -> anyhow::Result<Endpoint> {
 /// `10G`, `512M`, `100K`, `1500` -> bytes (1024-based, as iperf3's `-n`).
 pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     parse_scaled(s, 1024).with_context(|| {
-        format!("invalid byte count {s:?}: give a number with an optional K, M or G suffix (10G)")
+        format!(
+            "invalid byte count {s:?}: give at least 1 byte, a number with an optional K, M or G \
+             suffix (10G)"
+        )
     })
 }
 
@@ -139,7 +158,8 @@ pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
 pub fn parse_bitrate(s: &str) -> anyhow::Result<u64> {
     parse_scaled(s, 1000).with_context(|| {
         format!(
-            "invalid bitrate {s:?}: give bits per second with an optional K, M or G suffix (100M)"
+            "invalid bitrate {s:?}: give at least 1 bit per second, a number with an optional K, \
+             M or G suffix (100M)"
         )
     })
 }
@@ -154,7 +174,10 @@ fn parse_scaled(s: &str, base: u64) -> Option<u64> {
         _ => (t, 1),
     };
     let v: f64 = num.parse().ok()?;
-    (v.is_finite() && v > 0.0).then(|| (v * mult as f64).round() as u64)
+    let scaled = (v * mult as f64).round();
+    // At least one unit: 0.4 would round to a rate of nothing (a division by zero when pacing)
+    // or a transfer of nothing.
+    (v.is_finite() && scaled >= 1.0 && scaled < u64::MAX as f64).then_some(scaled as u64)
 }
 
 /// Bytes as iperf3 prints a transfer: `4.12 GBytes`, `512 KBytes`.
@@ -225,7 +248,7 @@ pub fn host_port(addr: &str) -> (String, u64) {
 /// One iperf3-style line: `[  5]   0.00-1.00   sec  4.12 GBytes  35.4 Gbits/sec` and
 /// whatever the caller appends.
 pub fn interval_line(id: &str, start: Duration, end: Duration, bytes: u64, tail: &str) -> String {
-    let secs = (end - start).as_secs_f64();
+    let secs = end.saturating_sub(start).as_secs_f64();
     format!(
         "[{id:>3}] {:>6.2}-{:<6.2} sec  {:>11}  {:>14}{tail}",
         start.as_secs_f64(),
@@ -292,6 +315,10 @@ mod tests {
         let e = resolve("no-such-host.invalid:1").unwrap_err().to_string();
         assert!(e.contains("cannot resolve"), "{e}");
         assert!(resolve("").is_err());
+        for numeric in ["70000", "70000:80", "1"] {
+            let e = resolve(numeric).unwrap_err().to_string();
+            assert!(e.contains("is not a host"), "{numeric}: {e}");
+        }
     }
 
     #[test]
@@ -332,6 +359,10 @@ mod tests {
             listen_endpoint("127.0.0.1:1").unwrap(),
             Endpoint::Ip("127.0.0.1:1".parse().unwrap())
         );
+        for bad in ["70000", ":65536", "99999999999"] {
+            let e = listen_endpoint(bad).unwrap_err().to_string();
+            assert!(e.contains("invalid port"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -341,9 +372,11 @@ mod tests {
         assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
         assert_eq!(parse_bitrate("100M").unwrap(), 100_000_000);
         assert_eq!(parse_bitrate("2.5G").unwrap(), 2_500_000_000);
-        for bad in ["", "0", "-1", "G", "1X", "nan"] {
+        for bad in ["", "0", "-1", "G", "1X", "nan", "0.4", "inf", "1e30G"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
+            assert!(parse_bitrate(bad).is_err(), "{bad}");
         }
+        assert_eq!(parse_bitrate("0.6").unwrap(), 1);
         assert_eq!(fmt_bytes(512), "512 Bytes");
         assert_eq!(fmt_bytes(4_423_000_000), "4.12 GBytes");
         assert_eq!(fmt_bitrate(35.4e9), "35.4 Gbits/sec");

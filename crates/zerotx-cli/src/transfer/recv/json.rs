@@ -73,10 +73,9 @@ pub(super) fn document(
         }
     };
     let d = sum.datagrams;
-    let verified = m
-        .opts
-        .verify
-        .then_some(verdict.mismatch.is_none() && verdict.corrupt == 0);
+    let verified = m.opts.verify.then_some(
+        verdict.mismatch.is_none() && verdict.corrupt == 0 && verdict.cut_short.is_none(),
+    );
     let count = |v: u64| if udp_verify { json!(v) } else { Value::Null };
     let mut sum_received = sample(sum, udp_verify);
     if let Value::Object(o) = &mut sum_received {
@@ -107,11 +106,14 @@ pub(super) fn document(
                 "verified": verified,
                 "mismatch_socket": verdict.mismatch.map(|(id, _)| id),
                 "mismatch_offset": verdict.mismatch.map(|(_, at)| at),
+                "cut_short_socket": verdict.cut_short.as_ref().map(|(id, _)| id),
+                "datagrams_ignored": if udp { json!(m.ignored) } else { Value::Null },
+                "intervals_dropped": m.intervals_dropped,
                 "packets": if udp { json!(d.packets) } else { Value::Null },
                 "lost_packets": count(d.lost),
                 "out_of_order": count(d.out_of_order),
                 "corrupt": count(d.corrupt),
-                "output": m.opts.output.as_ref().map(|p| p.display().to_string()),
+                "output": m.opts.output.as_ref().map(|o| o.path().display().to_string()),
                 "cpu_seconds": cpu_secs(cpu),
                 "cpu_seconds_per_gb": cpu_per_gb(cpu, sum.bytes),
             },
@@ -121,7 +123,7 @@ pub(super) fn document(
 
 /// One interval or total as iperf3 reports it (a receiver's: `"sender": false`).
 fn sample(s: &Sample, udp_verify: bool) -> Value {
-    let secs = (s.end - s.start).as_secs_f64();
+    let secs = s.end.saturating_sub(s.start).as_secs_f64();
     let mut o = Map::new();
     if let Some(id) = s.id {
         o.insert("socket".into(), json!(id));

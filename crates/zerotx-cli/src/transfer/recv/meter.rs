@@ -2,15 +2,22 @@
 //! interval lines, and at the end the totals, the verdict of `--verify` and the receiver's CPU
 //! time, printed as text or handed to [`super::json`].
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{json, HostPort, Opts};
+use crate::stdout::outln;
 use crate::transfer::{fmt_bitrate, interval_line, Proto};
 
 /// The id iperf3 gives its first data stream; the others follow.
 const FIRST_ID: u32 = 5;
+
+/// Interval samples a transfer keeps for `--json` (one per stream and one sum per interval):
+/// about 8 MB. Past it the oldest intervals go, and the document counts them
+/// (`intervals_dropped`). Text output prints each interval as it closes and keeps none.
+pub(super) const MAX_KEPT_SAMPLES: usize = 100_000;
 
 /// UDP datagram counts of one stream (all zero for TCP; loss, order and corruption are known only
 /// with `--verify`).
@@ -79,7 +86,15 @@ pub(super) struct Meter {
     cpu0: Cpu,
     pub accepted: HostPort,
     pub streams: Vec<Stream>,
-    pub intervals: Vec<Vec<Sample>>,
+    /// The intervals kept for `--json`, oldest first (none for text).
+    pub intervals: VecDeque<Vec<Sample>>,
+    /// Samples in [`Meter::intervals`], and the most it may hold.
+    kept: usize,
+    keep: usize,
+    /// Intervals dropped from the front to stay within `keep`.
+    pub intervals_dropped: u64,
+    /// UDP datagrams from sources past the most a transfer meters, not counted in any stream.
+    pub ignored: u64,
     last_tick: Duration,
     headed: bool,
     /// The last line printed was [`SEPARATOR`].
@@ -92,15 +107,19 @@ pub(super) struct Verdict {
     pub mismatch: Option<(u32, u64)>,
     /// Corrupt datagrams (UDP `--verify`).
     pub corrupt: u64,
+    /// The first stream that ended by a reset or a failed read, and how (`--verify` only): the
+    /// sender stopped before the end of its stream.
+    pub cut_short: Option<(u32, String)>,
 }
 
 impl Meter {
     /// Starts a transfer now; `accepted` is its first peer.
     pub fn new(opts: &Opts, accepted: HostPort) -> Self {
         if !opts.json {
-            println!(
+            outln!(
                 "Accepted connection from {}, port {}",
-                accepted.host, accepted.port
+                accepted.host,
+                accepted.port
             );
         }
         Self {
@@ -110,7 +129,11 @@ impl Meter {
             cpu0: Cpu::now(),
             accepted,
             streams: Vec::new(),
-            intervals: Vec::new(),
+            intervals: VecDeque::new(),
+            kept: 0,
+            keep: MAX_KEPT_SAMPLES,
+            intervals_dropped: 0,
+            ignored: 0,
             last_tick: Duration::ZERO,
             headed: false,
             separated: false,
@@ -131,9 +154,12 @@ impl Meter {
     pub fn add_stream(&mut self, local: HostPort, remote: HostPort) -> usize {
         let id = FIRST_ID + self.streams.len() as u32;
         if !self.opts.json {
-            println!(
+            outln!(
                 "[{id:>3}] local {} port {} connected to {} port {}",
-                local.host, local.port, remote.host, remote.port
+                local.host,
+                local.port,
+                remote.host,
+                remote.port
             );
         }
         self.streams.push(Stream {
@@ -190,20 +216,35 @@ impl Meter {
         let sum = sum_of(&samples, start, end);
         if !self.opts.json {
             if !self.headed {
-                println!("{}", self.column_heads());
+                outln!("{}", self.column_heads());
                 self.headed = true;
             }
             for s in &samples {
-                println!("{}", self.line(s, ""));
+                outln!("{}", self.line(s, ""));
             }
             self.separated = samples.len() > 1;
             if self.separated {
-                println!("{}", self.line(&sum, ""));
-                println!("{SEPARATOR}");
+                outln!("{}", self.line(&sum, ""));
+                outln!("{SEPARATOR}");
             }
         }
-        samples.push(sum);
-        self.intervals.push(samples);
+        if self.opts.json {
+            samples.push(sum);
+            self.keep_interval(samples);
+        }
+    }
+
+    /// Keeps an interval for the document, dropping the oldest past [`Meter::keep`] samples.
+    fn keep_interval(&mut self, samples: Vec<Sample>) {
+        self.kept += samples.len();
+        self.intervals.push_back(samples);
+        while self.kept > self.keep {
+            let Some(old) = self.intervals.pop_front() else {
+                break;
+            };
+            self.kept -= old.len();
+            self.intervals_dropped += 1;
+        }
     }
 
     fn udp_verify(&self) -> bool {
@@ -265,10 +306,15 @@ impl Meter {
                 .iter()
                 .find_map(|s| s.mismatch.map(|m| (s.id, m))),
             corrupt: sum.datagrams.corrupt,
+            cut_short: self
+                .streams
+                .iter()
+                .filter(|_| self.opts.verify)
+                .find_map(|s| s.note.clone().map(|n| (s.id, n))),
         };
         if self.opts.json {
             let doc = json::document(&self, &totals, &sum, cpu, &verdict);
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(&doc).expect("a JSON value prints")
             );
@@ -280,52 +326,73 @@ impl Meter {
 
     fn print_totals(&self, totals: &[Sample], sum: &Sample, cpu: Cpu, verdict: &Verdict) {
         if !self.separated {
-            println!("{SEPARATOR}");
+            outln!("{SEPARATOR}");
         }
-        println!("{}", self.column_heads());
+        outln!("{}", self.column_heads());
         for (t, s) in totals.iter().zip(&self.streams) {
             let note = s
                 .note
                 .as_ref()
                 .map_or(String::new(), |n| format!("  ({n})"));
-            println!("{}", self.line(t, &format!("  receiver{note}")));
+            outln!("{}", self.line(t, &format!("  receiver{note}")));
         }
         if totals.len() > 1 {
-            println!("{}", self.line(sum, "  receiver"));
+            outln!("{}", self.line(sum, "  receiver"));
         }
         if self.opts.proto == Proto::Udp {
             let d = sum.datagrams;
             if self.opts.verify {
-                println!(
+                outln!(
                     "datagrams: {} received, {} lost, {} out of order, {} corrupt",
-                    d.packets, d.lost, d.out_of_order, d.corrupt
+                    d.packets,
+                    d.lost,
+                    d.out_of_order,
+                    d.corrupt
                 );
             } else {
-                println!("datagrams: {} received", d.packets);
+                outln!("datagrams: {} received", d.packets);
             }
         }
         if self.opts.verify {
             match verdict.mismatch {
-                _ if verdict.corrupt > 0 => println!(
+                _ if verdict.corrupt > 0 => outln!(
                     "verify: FAILED: {} datagrams are not the generated stream",
                     verdict.corrupt
                 ),
-                None => println!(
-                    "verify: all {} bytes are the generated stream",
-                    sum.bytes
-                ),
-                Some((id, at)) => println!(
+                Some((id, at)) => outln!(
                     "verify: FAILED: [{id:>3}] differs from the generated stream at stream offset {at}"
                 ),
+                None => match &verdict.cut_short {
+                    Some((id, why)) => outln!(
+                        "verify: FAILED: [{id:>3}] was cut short ({why}): the {} bytes received \
+                         are the generated stream, but the sender stopped before its end",
+                        sum.bytes
+                    ),
+                    None => outln!(
+                        "verify: all {} bytes are the generated stream",
+                        sum.bytes
+                    ),
+                },
             }
         }
-        if let Some(p) = &self.opts.output {
-            println!("output: {} bytes written to {}", sum.bytes, p.display());
+        if self.ignored > 0 {
+            outln!(
+                "ignored: {} datagrams from sources past the first {}",
+                self.ignored,
+                super::udp::MAX_SOURCES
+            );
+        }
+        if let Some(o) = &self.opts.output {
+            outln!(
+                "output: {} bytes written to {}",
+                sum.bytes,
+                o.path().display()
+            );
         }
         let wall = sum.end.as_secs_f64();
         let secs = cpu_secs(cpu);
         let per_gb = cpu_per_gb(cpu, sum.bytes).map_or("n/a".to_string(), |v| format!("{v:.2}"));
-        println!(
+        outln!(
             "CPU: {secs:.2} s ({:.0}% of wall), {per_gb} s/GB (user {:.2} s, system {:.2} s); {}",
             if wall > 0.0 { secs / wall * 100.0 } else { 0.0 },
             cpu.user.as_secs_f64(),
@@ -396,6 +463,49 @@ pub(super) fn cpu_per_gb(cpu: Cpu, bytes: u64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn opts(json: bool) -> Opts {
+        Opts {
+            proto: Proto::Tcp,
+            verify: false,
+            output: None,
+            once: true,
+            interval: Some(Duration::from_millis(1)),
+            idle: Duration::from_secs(1),
+            json,
+        }
+    }
+
+    fn host() -> HostPort {
+        HostPort {
+            host: "192.0.2.9".into(),
+            port: 9,
+        }
+    }
+
+    /// A transfer that runs for ever cannot grow its kept intervals for ever.
+    #[test]
+    fn json_keeps_a_bounded_number_of_interval_samples() {
+        let mut m = Meter::new(&opts(true), host());
+        m.keep = 10;
+        m.add_stream(host(), host());
+        for ms in 1..=20 {
+            m.streams[0].bytes.fetch_add(1, Ordering::Relaxed);
+            m.close_interval(Duration::from_millis(ms));
+        }
+        // Two samples per interval (the stream's and the sum): the last five intervals.
+        assert_eq!(m.intervals.len(), 5);
+        assert_eq!(m.intervals_dropped, 15);
+        assert_eq!(m.intervals[0][0].end, Duration::from_millis(16));
+    }
+
+    #[test]
+    fn text_output_keeps_no_intervals() {
+        let mut m = Meter::new(&opts(false), host());
+        m.add_stream(host(), host());
+        m.close_interval(Duration::from_millis(1));
+        assert!(m.intervals.is_empty());
+    }
 
     #[test]
     fn loss_prints_as_iperf3_does() {

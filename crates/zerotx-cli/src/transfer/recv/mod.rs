@@ -12,16 +12,16 @@
 
 mod json;
 mod meter;
+mod output;
 mod tcp;
 mod udp;
 
-use std::fs::OpenOptions;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::{listen_endpoint, Endpoint, Proto};
@@ -39,7 +39,7 @@ const UDP_BUF: usize = 1 << 16;
 struct Opts {
     proto: Proto,
     verify: bool,
-    output: Option<PathBuf>,
+    output: Option<Arc<output::Output>>,
     once: bool,
     /// `None` for no interval lines.
     interval: Option<Duration>,
@@ -62,7 +62,12 @@ impl Opts {
         Ok(Self {
             proto: if args.udp { Proto::Udp } else { Proto::Tcp },
             verify: args.verify,
-            output: args.output.clone(),
+            output: args
+                .output
+                .as_deref()
+                .map(output::Output::open)
+                .transpose()?
+                .map(Arc::new),
             once: args.once,
             interval: (!interval.is_zero()).then_some(interval),
             idle: secs("--idle", args.idle, false)?,
@@ -73,11 +78,9 @@ impl Opts {
 
 /// Runs `zerotx recv`.
 pub fn run(args: RecvArgs) -> anyhow::Result<()> {
-    let opts = Opts::check(&args)?;
     let endpoint = listen_endpoint(&args.listen)?;
-    if let Some(path) = &opts.output {
-        check_output(path)?;
-    }
+    // Opens --output now, before any sender connects.
+    let opts = Opts::check(&args)?;
     match (opts.proto, endpoint) {
         (Proto::Tcp, Endpoint::Ip(addr)) => {
             let (sock, addr) = listen_ip(addr, Proto::Tcp)?;
@@ -96,33 +99,6 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
             bail!("vsock carries streams only here: drop --udp to listen on {endpoint}")
         }
     }
-}
-
-/// Fails now, before any sender connects, when `path` cannot be written. Creates the file when
-/// it is missing but leaves an existing one alone until a transfer starts.
-fn check_output(path: &Path) -> anyhow::Result<()> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .with_context(|| {
-            format!(
-                "cannot write --output {}: give a file in a directory that exists and is writable",
-                path.display()
-            )
-        })?;
-    Ok(())
-}
-
-/// Opens (creating or truncating) `path` for the transfer that starts.
-fn open_output(path: &Path) -> anyhow::Result<std::fs::File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .with_context(|| format!("cannot write --output {}", path.display()))
 }
 
 /// A bound (and for TCP, listening) socket on `addr`, and the address it got. The IPv6 wildcard
@@ -272,6 +248,26 @@ mod tests {
         let e = listen_ip(addr, Proto::Tcp).unwrap_err().to_string();
         assert!(e.contains(&addr.to_string()), "{e}");
         assert!(e.contains("already in use"), "{e}");
+    }
+
+    /// `--help` states the bounds the code keeps.
+    #[test]
+    fn help_states_the_bounds() {
+        use clap::CommandFactory;
+        let mut cmd = crate::options::Cli::command();
+        let help = cmd
+            .find_subcommand_mut("recv")
+            .expect("recv")
+            .render_long_help()
+            .to_string();
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        for needle in [
+            format!("at most {} connections", tcp::MAX_STREAMS),
+            format!("at most {} source addresses", udp::MAX_SOURCES),
+            format!("at most {} interval samples", meter::MAX_KEPT_SAMPLES),
+        ] {
+            assert!(help.contains(&needle), "--help lacks {needle:?}: {help}");
+        }
     }
 
     #[test]

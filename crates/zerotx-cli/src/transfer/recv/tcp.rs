@@ -13,8 +13,14 @@ use anyhow::{bail, Context};
 use socket2::{SockAddr, Socket};
 
 use super::meter::Meter;
-use super::{open_output, HostPort, Opts, TCP_BUF};
+use super::{HostPort, Opts, TCP_BUF};
+use crate::stdout::outln;
 use crate::transfer::pattern::Window;
+
+/// The most connections one transfer takes (the most `zerotx send --parallel` opens), so the
+/// most reading threads at once: past it, a connection is closed at once until the transfer
+/// ends.
+pub(super) const MAX_STREAMS: usize = 128;
 
 /// What the other threads tell the one that owns the meter.
 enum Event {
@@ -56,6 +62,11 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
     banner(opts, shown);
     let mut cur: Option<Transfer> = None;
     loop {
+        if crate::stdout::closed() {
+            // Nobody reads the report: stop. What the reading threads wrote to --output is
+            // written (unbuffered); the senders see their connections reset.
+            return Ok(());
+        }
         let next_tick = cur.as_ref().and_then(|t| t.meter.next_tick());
         let event = match next_tick {
             Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
@@ -82,6 +93,18 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                     drop(sock);
                     continue;
                 }
+                if cur
+                    .as_ref()
+                    .is_some_and(|t| t.meter.streams.len() >= MAX_STREAMS)
+                {
+                    eprintln!(
+                        "refused connection from {} port {}: a transfer takes at most \
+                         {MAX_STREAMS} connections, and this one has them",
+                        remote.host, remote.port
+                    );
+                    drop(sock);
+                    continue;
+                }
                 let t = match &mut cur {
                     Some(t) => t,
                     None => cur.insert(Transfer {
@@ -92,7 +115,13 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                     }),
                 };
                 let output = match &opts.output {
-                    Some(p) => Some((open_output(p)?, p.display().to_string())),
+                    Some(o) => {
+                        let path = o.path().display().to_string();
+                        let f = o
+                            .start()
+                            .with_context(|| format!("cannot empty --output {path}"))?;
+                        Some((f, path))
+                    }
                     None => None,
                 };
                 t.writing = output.is_some();
@@ -141,6 +170,12 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                          stream offset {offset} (was the sender zerotx send without --file?)"
                     );
                 }
+                if let Some((id, why)) = verdict.cut_short {
+                    bail!(
+                        "verification failed: [{id:>3}] was cut short ({why}): the sender \
+                         stopped before the end of its stream"
+                    );
+                }
                 if opts.once {
                     return Ok(());
                 }
@@ -154,7 +189,7 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
 pub(super) fn banner(opts: &Opts, shown: &str) {
     if !opts.json {
         let rule = "-".repeat(59);
-        println!(
+        outln!(
             "{rule}\nzerotx recv listening on {shown} ({}{})\n{rule}",
             opts.proto.name(),
             if opts.verify { ", verifying" } else { "" }

@@ -14,8 +14,12 @@ use anyhow::{bail, Context};
 
 use super::meter::Meter;
 use super::tcp::banner;
-use super::{open_output, HostPort, Opts, UDP_BUF};
+use super::{HostPort, Opts, UDP_BUF};
 use crate::transfer::pattern::{locate, Window, PERIOD};
+
+/// The most source addresses one transfer meters (one stream each): datagrams from others are
+/// counted apart ([`Meter::ignored`]), neither verified nor written to `--output`.
+pub(super) const MAX_SOURCES: usize = 128;
 
 /// What a datagram's position says about the stream it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +93,10 @@ pub(super) fn serve(opts: &Opts, sock: UdpSocket, shown: &str) -> anyhow::Result
     let mut cur: Option<Transfer> = None;
     banner(opts, shown);
     loop {
+        if crate::stdout::closed() {
+            // Nobody reads the report: end the transfer (flushing --output) and stop.
+            return cur.take().map_or(Ok(()), |t| finish(opts, t));
+        }
         let got = sock.recv_from(&mut buf);
         let now = Instant::now();
         let (n, from) = match got {
@@ -132,13 +140,29 @@ pub(super) fn serve(opts: &Opts, sock: UdpSocket, shown: &str) -> anyhow::Result
                 peers: HashMap::new(),
                 last: now,
                 output: match &opts.output {
-                    Some(p) => Some(BufWriter::with_capacity(1 << 20, open_output(p)?)),
+                    Some(o) => {
+                        let f = o.start().with_context(|| {
+                            format!("cannot empty --output {}", o.path().display())
+                        })?;
+                        Some(BufWriter::with_capacity(1 << 20, f))
+                    }
                     None => None,
                 },
             }),
         };
         t.last = now;
         let meter = &mut t.meter;
+        if t.peers.len() >= MAX_SOURCES && !t.peers.contains_key(&from) {
+            if meter.ignored == 0 {
+                eprintln!(
+                    "ignoring datagrams from {from}: a transfer meters at most {MAX_SOURCES} \
+                     source addresses (counted apart until it ends)"
+                );
+            }
+            meter.ignored += 1;
+            meter.tick(now);
+            continue;
+        }
         let peer = t.peers.entry(from).or_insert_with(|| Peer {
             index: meter.add_stream(local.clone(), HostPort::ip(from)),
             seq: Sequence::default(),
@@ -176,12 +200,12 @@ pub(super) fn serve(opts: &Opts, sock: UdpSocket, shown: &str) -> anyhow::Result
                 },
             }
         }
-        if let (Some(out), Some(p)) = (&mut t.output, &opts.output) {
+        if let (Some(out), Some(o)) = (&mut t.output, &opts.output) {
             if let Err(e) = out.write_all(data) {
                 let t = cur.take().expect("a transfer is in progress");
                 let end = t.meter.offset(t.last);
                 t.meter.finish(end);
-                bail!("cannot write --output {}: {e}", p.display());
+                bail!("cannot write --output {}: {e}", o.path().display());
             }
         }
         t.meter.tick(now);
@@ -197,8 +221,8 @@ fn finish(opts: &Opts, mut t: Transfer) -> anyhow::Result<()> {
     }
     let flushed = t.output.as_mut().map_or(Ok(()), |o| o.flush());
     let verdict = t.meter.finish(end);
-    if let (Err(e), Some(p)) = (flushed, &opts.output) {
-        bail!("cannot write --output {}: {e}", p.display());
+    if let (Err(e), Some(o)) = (flushed, &opts.output) {
+        bail!("cannot write --output {}: {e}", o.path().display());
     }
     if verdict.corrupt > 0 {
         bail!(

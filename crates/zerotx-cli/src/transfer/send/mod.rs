@@ -66,19 +66,28 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
                 let file = file
                     .try_clone()
                     .with_context(|| format!("dup(2) of --file {}", path.display()))?;
-                let body = match via {
-                    Via::Mmap => Body::Mapped(map_file(&file, path)?),
+                let (body, len) = match via {
+                    Via::Mmap => {
+                        // The length is the mapping's: the stream never reads past it.
+                        let map = map_file(&file, path, *len)?;
+                        let len = map.len() as u64;
+                        (Body::Mapped(map), len)
+                    }
                     Via::Sendfile => {
-                        let (f2, p2) = (file.try_clone()?, path.clone());
-                        Body::Sendfile {
-                            file,
-                            len: *len,
-                            map: Box::new(move || map_file(&f2, &p2)),
-                        }
+                        let (f2, p2, l2) = (file.try_clone()?, path.clone(), *len);
+                        let map = Box::new(move || map_file(&f2, &p2, l2));
+                        (
+                            Body::Sendfile {
+                                file,
+                                len: *len,
+                                map,
+                            },
+                            *len,
+                        )
                     }
                 };
                 // A file goes once, unless --time repeats it.
-                (body, plan.time.is_none().then_some(*len))
+                (body, plan.time.is_none().then_some(len))
             }
         };
         jobs.push(Job {
@@ -112,6 +121,11 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             let wake = next.map_or(now + TICK, |t| t.min(now + TICK));
             std::thread::sleep(wake.saturating_duration_since(now));
             let now = Instant::now();
+            if crate::stdout::closed() {
+                // Nobody reads the lines any more (`zerotx send ... | head`): every stream
+                // ends in order, as at its deadline.
+                interrupted.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             if let Some(b) = &bar {
                 output::tick(b, total, &counters, now - start);
             }
@@ -133,10 +147,24 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     if plan.interval.is_some() {
         out.last_interval(start, &ends);
     }
+    let mut ends = ends;
+    if let Source::File {
+        path, file, len, ..
+    } = &plan.source
+    {
+        if let Err(e) = same_size(file, path, *len, "while it was sent") {
+            // The change is the cause; what the stream saw (EFAULT past a truncation) follows.
+            let first = &mut ends[0];
+            first.error = Some(match first.error.take() {
+                Some(seen) => anyhow::anyhow!("{e} (the stream: {seen:#})"),
+                None => e,
+            });
+        }
+    }
     let cpu1 = zerotx_testbed::process_cpu_split();
     let cpu = (cpu1.0 - cpu0.0, cpu1.1 - cpu0.1);
     let result = out.finish(start, &ends, cpu);
-    if interrupted.load(std::sync::atomic::Ordering::Relaxed) {
+    if interrupted.load(std::sync::atomic::Ordering::Relaxed) && !crate::stdout::closed() {
         return result.and(Err(anyhow::anyhow!(
             "interrupted: the totals above cover what was sent until then"
         )));
@@ -144,19 +172,46 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     result
 }
 
+/// Fails when `file` is no longer `len` bytes long: it changed size `when`.
+fn same_size(file: &File, path: &std::path::Path, len: u64, when: &str) -> anyhow::Result<()> {
+    let now = file
+        .metadata()
+        .with_context(|| format!("cannot stat --file {}", path.display()))?
+        .len();
+    if now != len {
+        anyhow::bail!(
+            "--file {} changed size {when} ({len} bytes when opened, {now} now): something is \
+             writing it; send it when nothing is",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// The file mapped read-only, as one [`Bytes`] to slice sends from (empty for an empty file).
+/// Fails when the file is no longer the `len` bytes it had when opened (the mapping would be
+/// shorter or longer than the transfer announced).
 #[allow(unsafe_code)]
-fn map_file(file: &File, path: &std::path::Path) -> anyhow::Result<Bytes> {
-    if file.metadata()?.len() == 0 {
+fn map_file(file: &File, path: &std::path::Path, len: u64) -> anyhow::Result<Bytes> {
+    same_size(file, path, len, "before it was mapped")?;
+    if len == 0 {
         return Ok(Bytes::new());
     }
     // SAFETY: `Mmap::map` is unsafe because another process may change or truncate the file
     // while it is mapped, and Rust code reading the map would see the change (or fault). This
     // program never reads the mapped bytes: only the kernel does, when it sends them. A change
-    // then changes what is sent, and a truncation fails the send (EFAULT): the caller's problem,
-    // as `zerotx send --help` says.
+    // then changes what is sent, and a truncation fails the send (EFAULT) or is found when the
+    // transfer ends (`same_size`): the caller's problem, as `zerotx send --help` says.
     let map = unsafe { memmap2::Mmap::map(file) }
         .with_context(|| format!("cannot map --file {} into memory", path.display()))?;
+    if map.len() as u64 != len {
+        anyhow::bail!(
+            "--file {} changed size before it was mapped ({len} bytes when opened, {} mapped): \
+             something is writing it; send it when nothing is",
+            path.display(),
+            map.len()
+        );
+    }
     let _ = map.advise(memmap2::Advice::Sequential);
     Ok(Bytes::from_owner(map))
 }

@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::plan::{Conn, Plan, Source};
 use super::stream::{ByPath, Counters, End};
 use super::tcp_info::TcpSample;
+use crate::stdout::outln;
 use crate::transfer::{bitrate, fmt_bytes, host_port, http_date, interval_line, Endpoint, Proto};
 
 /// What the progress bar counts to.
@@ -125,15 +126,15 @@ impl Output {
             Source::Generated { .. } => None,
         };
         if !plan.json {
-            println!("Connecting to host {host}, port {port}");
+            outln!("Connecting to host {host}, port {port}");
             for (id, c) in ids.iter().zip(conns) {
                 let ((lh, lp), (rh, rp)) = (host_port(&c.local), host_port(&c.remote));
-                println!("[{id:>3}] local {lh} port {lp} connected to {rh} port {rp}");
+                outln!("[{id:>3}] local {lh} port {lp} connected to {rh} port {rp}");
             }
             if let Some((path, via)) = &file {
-                println!("Sending {path} with {}", via_words(via));
+                outln!("Sending {path} with {}", via_words(via));
             }
-            println!("{}", if tcp { HEADER_TCP } else { HEADER });
+            outln!("{}", if tcp { HEADER_TCP } else { HEADER });
         }
         let (secs, bytes) = match (&plan.source, plan.time) {
             (_, Some(t)) => (t.as_secs_f64(), 0),
@@ -286,7 +287,7 @@ impl Output {
         self.intervals
             .push(json!({ "streams": streams, "sum": sum }));
         if !self.json {
-            let print = || lines.iter().for_each(|l| println!("{l}"));
+            let print = || lines.iter().for_each(|l| outln!("{l}"));
             match bar {
                 Some(b) => b.suspend(print),
                 None => print(),
@@ -539,9 +540,9 @@ impl Output {
             if let Some(e) = error {
                 doc["error"] = json!(format!("{e:#}"));
             }
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+            outln!("{}", serde_json::to_string_pretty(&doc)?);
         } else {
-            text.iter().for_each(|l| println!("{l}"));
+            text.iter().for_each(|l| outln!("{l}"));
         }
         match error {
             Some(e) => {

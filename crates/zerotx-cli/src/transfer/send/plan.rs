@@ -266,6 +266,10 @@ impl Plan {
         match (ep, self.proto) {
             (Endpoint::Ip(a), Proto::Tcp) => {
                 let s = TcpStream::connect_timeout(&a, self.connect_timeout)?;
+                // Until the stream ends in order, its close resets the connection: a sender
+                // that fails or is killed tells the receiver the stream was cut short, where
+                // a plain close would look like its end. `End::end_socket` sets it back.
+                socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO))?;
                 Ok(Conn {
                     local: s.local_addr()?.to_string(),
                     remote: a.to_string(),

@@ -101,15 +101,25 @@ impl Control {
     /// Sleeps until `sent` bytes are due at the stream's rate (never past the deadline).
     fn pace(&self, sent: u64) {
         let Some(rate) = self.rate else { return };
-        let due = self.start + Duration::from_secs_f64(sent as f64 / rate);
-        let due = self.deadline.map_or(due, |d| due.min(d));
+        // The plan refuses rates below one bit per second, so this is finite; a due time past
+        // what an `Instant` holds is never (`None`): only the deadline or an interruption ends
+        // the wait.
+        let due = Duration::try_from_secs_f64(sent as f64 / rate)
+            .ok()
+            .and_then(|d| self.start.checked_add(d));
+        let due = match (due, self.deadline) {
+            (Some(due), Some(d)) => Some(due.min(d)),
+            (due, d) => due.or(d),
+        };
         // In slices, so an interruption ends a slow paced stream at once.
         loop {
             let now = Instant::now();
-            if due <= now || self.interrupted.load(Ordering::Relaxed) {
+            let ended =
+                self.interrupted.load(Ordering::Relaxed) || self.abort.load(Ordering::Relaxed);
+            if ended || due.is_some_and(|d| d <= now) {
                 return;
             }
-            std::thread::sleep((due - now).min(SLICE));
+            std::thread::sleep(due.map_or(SLICE, |d| (d - now).min(SLICE)));
         }
     }
 }
@@ -255,9 +265,18 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
         let want = ctl.next_len(queued, size);
         let buf = match &src {
             Source::Window(w) => w.at(queued, want),
-            Source::Mapped(m) if m.is_empty() => break,
             Source::Mapped(m) => {
-                let pos = (queued % m.len() as u64) as usize;
+                // A file goes once unless --time repeats it (then `bytes` is unset): a once
+                // stream never wraps around its mapping, whatever its byte budget says.
+                let pos = match ctl.bytes {
+                    Some(_) => queued,
+                    None if m.is_empty() => break,
+                    None => queued % m.len() as u64,
+                };
+                if pos >= m.len() as u64 {
+                    break;
+                }
+                let pos = pos as usize;
                 m.slice(pos..pos + want.min(m.len() - pos))
             }
         };
@@ -470,9 +489,8 @@ impl End {
             self.by_path.add(r.report.path, r.report.bytes as u64);
         }
         self.error = error;
-        if self.error.is_none() {
-            self.finished = Instant::now();
-        }
+        // When the stream ended, failed or not: the summary's interval and rate use it.
+        self.finished = Instant::now();
         let confirm = stream && self.error.is_none();
         self.end_socket(Socket::from(closed.fd), wait, confirm);
         self
@@ -499,6 +517,11 @@ impl End {
     /// then takes the last `TCP_INFO` sample while the socket is still open (after the close, the
     /// retransmits of every byte count), and closes it.
     fn end_socket(&mut self, s: Socket, wait: Duration, confirm: bool) {
+        if self.error.is_none() {
+            // An orderly end: the close sends what is still queued, then FIN (the connect set
+            // a zero linger, which resets instead). Only TCP had it set.
+            let _ = s.set_linger(None);
+        }
         if confirm {
             match confirm_end(&s, wait) {
                 Ok(t) => self.confirmed = Some(t),
