@@ -20,6 +20,7 @@ pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
 pub(crate) mod shared;
+pub(crate) mod unfragmented;
 pub(crate) mod uring;
 
 pub use policy::auto::AtCap;

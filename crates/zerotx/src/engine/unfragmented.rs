@@ -1,0 +1,208 @@
+//! Zero-copy datagrams the kernel never fragments.
+//!
+//! A UDP socket's default path-MTU mode (`IP_PMTUDISC_WANT`) makes the kernel fragment a datagram
+//! larger than its path rather than refuse it. Fragmented, a `MSG_ZEROCOPY` datagram is never
+//! safe: every fragment holds the id's pages, so a qdisc that drops a later fragment fails the
+//! call (`ENOBUFS` with `IP_RECVERR`) while an earlier one still waits to be sent, and the id's
+//! completion comes whenever that fragment is freed (31 s after, when the peer's reassembly timed
+//! out: KERNEL.md, "UDP and the path MTU"). No MTU asked in advance can tell which datagrams the
+//! kernel will fragment: the path MTU drops, IP options and IPv6 extension headers lengthen the
+//! header, `SO_BINDTODEVICE`, `SO_MARK` and policy routing pick another route.
+//!
+//! So the kernel decides, before it takes an id: a `msg-zc` (or `auto` on `sendmsg`) sender
+//! puts its UDP socket under a path-MTU mode that refuses such a datagram with `EMSGSIZE`
+//! ([`policy::unfragmented_mode`]; `__ip_append_data` and `__ip6_append_data` check the length
+//! before `msg_zerocopy_realloc`). A datagram the kernel refused goes by copy, under the caller's
+//! own mode for that one call, and fragments as it did before; one the caller's own mode refuses
+//! (`IP_PMTUDISC_DO`, `PROBE`, `INTERFACE`) fails with `EMSGSIZE`, as it would without zerotx.
+//! The smallest size the kernel refused is remembered per destination, only to skip a zero-copy
+//! call bound to fail; a copy of that size that leaves unfragmented forgets it.
+//!
+//! An IPv6 socket gets both levels changed: its IPv4-mapped destinations follow the IPv4 mode.
+//! Where a mode cannot be read or set, no datagram goes zero-copy. A descriptor the caller kept
+//! and changes the mode through is outside what zerotx can see.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use smallvec::SmallVec;
+use socket2::SockAddr;
+
+use crate::engine::policy;
+use crate::socket::{Family, Socket};
+use crate::sys;
+
+/// Destinations whose refused size is remembered before the memory is cleared.
+const REFUSED_CACHE: usize = 1024;
+
+/// One level whose mode the sender changed.
+#[derive(Debug, Clone, Copy)]
+struct Changed {
+    v6: bool,
+    /// The caller's mode, under which a datagram that needs fragmenting goes by copy.
+    caller: i32,
+    /// The mode zero-copy datagrams go under.
+    ours: i32,
+}
+
+/// The path-MTU guard of one datagram socket's zero-copy sends (see the module docs).
+pub(crate) struct Unfragmented {
+    /// The socket sends zero-copy datagrams on IP: the guard acts.
+    active: bool,
+    /// The kernel refuses what it would fragment, so datagrams may go zero-copy.
+    guarded: bool,
+    changed: SmallVec<[Changed; 2]>,
+    /// The smallest payload the kernel refused as too large for the connected peer's path.
+    connected: usize,
+    /// The same per destination.
+    by_dest: HashMap<SockAddr, usize>,
+}
+
+impl Unfragmented {
+    /// The guard for `sock`, which sends zero-copy datagrams if `zerocopy_datagrams`: sets the
+    /// socket's modes (see the module docs). Inert for every other socket.
+    pub(crate) fn new(sock: &Socket, zerocopy_datagrams: bool) -> Self {
+        let mut guard = Self {
+            active: false,
+            guarded: true,
+            changed: SmallVec::new(),
+            connected: usize::MAX,
+            by_dest: HashMap::new(),
+        };
+        let levels: &[bool] = match sock.kind.family {
+            Family::Inet4 => &[false],
+            Family::Inet6 => &[true, false],
+            _ => &[],
+        };
+        if !zerocopy_datagrams || levels.is_empty() {
+            return guard;
+        }
+        guard.active = true;
+        for &v6 in levels {
+            if guard.impose(sock.fd(), v6).is_err() {
+                // The kernel could not be kept from fragmenting: every datagram goes by copy.
+                let _ = guard.set_modes(sock.fd(), |c| c.caller);
+                guard.changed.clear();
+                guard.guarded = false;
+                break;
+            }
+        }
+        guard
+    }
+
+    /// Puts the `v6` level under a mode that refuses to fragment, remembering the caller's.
+    fn impose(&mut self, fd: BorrowedFd<'_>, v6: bool) -> io::Result<()> {
+        let caller = sys::pmtu_mode(fd, v6)?;
+        if let Some(ours) = policy::unfragmented_mode(caller) {
+            sys::set_pmtu_mode(fd, v6, ours)?;
+            self.changed.push(Changed { v6, caller, ours });
+        }
+        Ok(())
+    }
+
+    /// Sets every changed level to `mode(level)`; stops at the first failure.
+    fn set_modes(&self, fd: BorrowedFd<'_>, mode: impl Fn(&Changed) -> i32) -> io::Result<()> {
+        for c in &self.changed {
+            sys::set_pmtu_mode(fd, c.v6, mode(c))?;
+        }
+        Ok(())
+    }
+
+    /// Whether a datagram of `len` payload bytes to `dest` (the connected peer if `None`) may go
+    /// zero-copy: the kernel refuses it if it would fragment, and it is smaller than what the
+    /// kernel last refused on that path. Inlined for the connected socket's sends.
+    #[inline(always)]
+    pub(crate) fn may_zerocopy(&self, len: usize, dest: Option<&SockAddr>) -> bool {
+        if !self.guarded {
+            return false;
+        }
+        match dest {
+            None => len < self.connected,
+            Some(d) => self.by_dest.get(d).map_or(true, |&refused| len < refused),
+        }
+    }
+
+    /// The kernel refused a datagram of `len` bytes to `dest` as too large for its path
+    /// (`EMSGSIZE`, no id taken).
+    pub(crate) fn refused(&mut self, len: usize, dest: Option<&SockAddr>) {
+        match dest {
+            None => self.connected = self.connected.min(len),
+            Some(d) => {
+                if self.by_dest.len() >= REFUSED_CACHE && !self.by_dest.contains_key(d) {
+                    self.by_dest.clear();
+                }
+                let refused = self.by_dest.entry(d.clone()).or_insert(len);
+                *refused = (*refused).min(len);
+            }
+        }
+    }
+
+    /// A datagram of `len` bytes to `dest` left whole under our mode: the path takes it.
+    fn fits(&mut self, len: usize, dest: Option<&SockAddr>) {
+        match dest {
+            None if len >= self.connected => self.connected = usize::MAX,
+            None => {}
+            Some(d) if self.by_dest.get(d).is_some_and(|&refused| len >= refused) => {
+                self.by_dest.remove(d);
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// One send of `bytes` without `MSG_ZEROCOPY` (`sendto(2)`, [`sys::send_to`]). A datagram the
+    /// guard's mode refuses as too large goes again under the caller's mode, which fragments it,
+    /// and the guard's mode is put back. If it cannot be put back, no datagram goes zero-copy
+    /// any more.
+    #[inline(always)]
+    pub(crate) fn send_copy(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        bytes: &[u8],
+        dest: Option<&SockAddr>,
+    ) -> io::Result<usize> {
+        let sent = sys::send_to(fd, bytes, dest, 0);
+        if !self.active {
+            return sent;
+        }
+        match sent {
+            Ok(n) => {
+                self.fits(bytes.len(), dest);
+                Ok(n)
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) && !self.changed.is_empty() => {
+                self.refused(bytes.len(), dest);
+                self.send_fragmenting(fd, bytes, dest, e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// [`send_copy`](Self::send_copy) of a datagram too large for its path, under the caller's
+    /// mode; `refusal` is the error if that mode cannot be set.
+    #[cold]
+    #[inline(never)]
+    fn send_fragmenting(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        bytes: &[u8],
+        dest: Option<&SockAddr>,
+        refusal: io::Error,
+    ) -> io::Result<usize> {
+        if self.set_modes(fd, |c| c.caller).is_err() {
+            return match self.set_modes(fd, |c| c.ours) {
+                Ok(()) => Err(refusal),
+                Err(_) => {
+                    self.guarded = false;
+                    Err(refusal)
+                }
+            };
+        }
+        let sent = sys::send_to(fd, bytes, dest, 0);
+        if self.set_modes(fd, |c| c.ours).is_err() {
+            // The socket may fragment again: zero-copy datagrams stop for good.
+            self.guarded = false;
+        }
+        sent
+    }
+}

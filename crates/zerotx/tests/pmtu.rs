@@ -1,0 +1,239 @@
+//! Zero-copy datagrams and the path MTU, on a real veth pair between two network namespaces with
+//! a real tbf qdisc: a datagram the kernel would fragment must never go zero-copy, because a
+//! qdisc that drops a later fragment fails the call while an earlier fragment still holds the
+//! id's pages (KERNEL.md, "UDP and the path MTU"). A receiver in the peer namespace checks every
+//! byte of every datagram, and the sender overwrites each buffer the instant it comes back, so a
+//! buffer released while its packet still waits in the qdisc shows up on the wire.
+
+mod util;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use zerotx::{EngineKind, SendError, Sender};
+
+/// The UDP port the receiver listens on.
+const PORT: u16 = 9000;
+/// What a released buffer is overwritten with.
+const SCRIBBLE: u8 = 0xEE;
+
+/// A datagram of `len` bytes numbered `seq`: the number, then the stream pattern from an offset
+/// the number picks, so a datagram that changed in flight cannot pass for another.
+fn datagram(seq: u64, len: usize) -> Vec<u8> {
+    let mut d = vec![0; len];
+    util::fill(&mut d, seq << 20);
+    d[..8].copy_from_slice(&seq.to_le_bytes());
+    d
+}
+
+/// The number of `d` if every byte is what the sender wrote.
+fn check(d: &[u8]) -> Result<u64, String> {
+    if d.len() < 8 {
+        return Err(format!("a {}-byte datagram", d.len()));
+    }
+    let seq = u64::from_le_bytes(d[..8].try_into().unwrap());
+    if seq > 1000 || datagram(seq, d.len()) != d {
+        let scribbled = d.iter().filter(|&&b| b == SCRIBBLE).count();
+        return Err(format!(
+            "a {}-byte datagram that is not what was sent ({scribbled} bytes are the scribble \
+             written into released buffers; first bytes {:02x?})",
+            d.len(),
+            &d[..16.min(d.len())]
+        ));
+    }
+    Ok(seq)
+}
+
+/// The receiving side: moves the black hole's peer `zc1` into a namespace of its own (the
+/// sender's thread must be in the black hole's), gives it 192.0.2.2 and 2001:db8::2 and the MAC
+/// the sender's neighbour entry names, and receives UDP on [`PORT`] until `quiet` passes without
+/// a datagram. Returns the datagrams in arrival order. `None`: skipped.
+fn peer_namespace(quiet: Duration) -> Option<std::thread::JoinHandle<Vec<Vec<u8>>>> {
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let (moved_tx, moved_rx) = mpsc::channel::<()>();
+    let (ready_tx, ready_rx) = mpsc::channel::<UdpSocket>();
+    let receiver = std::thread::spawn(move || {
+        // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
+        // SAFETY: gettid has no preconditions.
+        tid_tx.send(unsafe { libc::gettid() }).unwrap();
+        moved_rx.recv().unwrap();
+        for args in [
+            &["link", "set", "lo", "up"][..],
+            &["link", "set", "zc1", "address", "02:00:00:00:00:02"],
+            &["addr", "add", "192.0.2.2/24", "dev", "zc1"],
+            &["-6", "addr", "add", "2001:db8::2/64", "dev", "zc1", "nodad"],
+            &["link", "set", "zc1", "up"],
+        ] {
+            assert!(util::run_tool("ip", args, None));
+        }
+        let v4 = UdpSocket::bind(("192.0.2.2", PORT)).unwrap();
+        let v6 = UdpSocket::bind(("2001:db8::2", PORT)).unwrap();
+        ready_tx.send(v4.try_clone().unwrap()).unwrap();
+        let mut got = Vec::new();
+        for s in [&v4, &v6] {
+            s.set_nonblocking(true).unwrap();
+        }
+        let mut last = Instant::now();
+        let mut buf = vec![0u8; 70_000];
+        while last.elapsed() < quiet {
+            let mut any = false;
+            for s in [&v4, &v6] {
+                if let Ok(n) = s.recv(&mut buf) {
+                    got.push(buf[..n].to_vec());
+                    any = true;
+                }
+            }
+            if any {
+                last = Instant::now();
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        got
+    });
+    let tid = tid_rx.recv().unwrap();
+    if !util::run_tool(
+        "ip",
+        &["link", "set", "zc1", "netns", &tid.to_string()],
+        None,
+    ) {
+        return None;
+    }
+    moved_tx.send(()).unwrap();
+    ready_rx.recv().unwrap();
+    Some(receiver)
+}
+
+/// Reaps `tx` for `d`, overwriting every released buffer the instant it comes back; returns the
+/// numbers released, with their errors.
+fn reap_scribbling(tx: &mut Sender<Vec<u8>>, d: Duration) -> Vec<(u64, Option<i32>)> {
+    let mut out = Vec::new();
+    let mut released = Vec::new();
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        tx.reap(&mut out).unwrap();
+        for mut r in out.drain(..) {
+            let seq = u64::from_le_bytes(r.buf[..8].try_into().unwrap());
+            r.buf.fill(SCRIBBLE);
+            released.push((seq, r.report.error.and_then(|e| e.raw_os_error())));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    released
+}
+
+/// Issue 34 item 1, as filed: a 1000-byte datagram (the route's MTU, 9000, is learnt), the device
+/// MTU lowered (v4: 1000, v6: 1280), a 2500-byte datagram the kernel now fragments (the qdisc,
+/// its queue shorter than two fragments, drops the second), then two 100-byte datagrams that wait in the qdisc behind the
+/// first fragment. Before the fix, `msg-zc` sent the 2500 bytes zero-copy on the stale MTU, took
+/// the id back when the call failed with `ENOBUFS`, counted a budget refusal, and from then on
+/// released each buffer on its predecessor's completion: the second 100-byte buffer came back
+/// while its packet sat in the qdisc and the receiver got the scribble.
+fn stale_mtu_case(engine: EngineKind, v6: bool) {
+    util::in_black_hole(9000, |bh| {
+        let Some(receiver) = peer_namespace(Duration::from_millis(800)) else {
+            return;
+        };
+        // The queue has room for the first fragment of the 2500-byte datagram (v4: 1010 B on the
+        // wire at MTU 1000; v6: 1294 B at 1280) and two 100-byte datagrams behind it, not for
+        // the second fragment as well; at 200 kbit/s they wait there for tens of milliseconds.
+        let limit = if v6 { "2000" } else { "1400" };
+        if !util::run_tool(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "200kbit", "burst", "1400",
+                "limit", limit,
+            ],
+            None,
+        ) {
+            return;
+        }
+        let dest = SocketAddr::new(if v6 { bh.v6.ip() } else { bh.v4.ip() }, PORT);
+        let sock = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
+        sock.connect(dest).unwrap();
+        util::set_recverr(sock.as_fd(), v6);
+        let mut tx = Sender::new(sock, engine).unwrap();
+        let what = format!("{engine} to {dest}");
+        let mut released = Vec::new();
+        let mut refused = Vec::new();
+        let mut offer = |tx: &mut Sender<Vec<u8>>, seq: u64, len: usize| match tx
+            .try_send(datagram(seq, len))
+        {
+            Ok(()) => {}
+            Err(SendError::Io { mut buf, error }) => {
+                buf.fill(SCRIBBLE);
+                refused.push((seq, error.raw_os_error()));
+            }
+            Err(e) => panic!("{what}: datagram {seq}: {e}"),
+        };
+        offer(&mut tx, 0, 1000);
+        released.extend(reap_scribbling(&mut tx, Duration::from_millis(150)));
+        let small_mtu = if v6 { "1280" } else { "1000" };
+        assert!(util::run_tool(
+            "ip",
+            &["link", "set", "zc0", "mtu", small_mtu],
+            None
+        ));
+        // Empties the token bucket (it refilled meanwhile), so the first fragment waits in the
+        // queue: a datagram from another socket, which the receiver checks too.
+        let filler = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
+        filler.send_to(&datagram(100, 900), dest).unwrap();
+        offer(&mut tx, 1, 2500);
+        offer(&mut tx, 2, 100);
+        offer(&mut tx, 3, 100);
+        released.extend(reap_scribbling(&mut tx, Duration::from_millis(400)));
+        let stats = tx.stats();
+        let got = receiver.join().unwrap();
+        eprintln!("{what}: released {released:?}, refused {refused:?}, {stats:?}");
+        let mut seen = Vec::new();
+        for d in &got {
+            match check(d) {
+                Ok(seq) => seen.push(seq),
+                Err(e) => panic!("{what}: the receiver got {e}; released {released:?}"),
+            }
+        }
+        assert!(
+            seen.contains(&2) && seen.contains(&3),
+            "{what}: the 100-byte datagrams did not arrive: {seen:?}"
+        );
+        assert_eq!(
+            stats.enobufs, 0,
+            "{what}: a qdisc drop was counted as a budget refusal: {stats:?}"
+        );
+        // The qdisc dropped a fragment of datagram 1: its buffer comes back with the drop.
+        let big: Vec<_> = released
+            .iter()
+            .chain(&refused)
+            .filter(|r| r.0 == 1)
+            .collect();
+        assert_eq!(
+            big,
+            [&(1, Some(libc::ENOBUFS))],
+            "{what}: the dropped datagram was not reported as a drop"
+        );
+        let mut all: Vec<u64> = released.iter().chain(&refused).map(|r| r.0).collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(
+            released.len() + refused.len(),
+            4,
+            "{what}: every buffer once"
+        );
+        assert_eq!(all, [0, 1, 2, 3], "{what}: every buffer once");
+        assert_eq!(stats.bad_completions, 0, "{what}: {stats:?}");
+    });
+}
+
+#[test]
+fn a_stale_path_mtu_never_releases_a_datagram_early_v4() {
+    stale_mtu_case(EngineKind::MsgZerocopy, false);
+}
+
+#[test]
+fn a_stale_path_mtu_never_releases_a_datagram_early_v6() {
+    stale_mtu_case(EngineKind::MsgZerocopy, true);
+}
