@@ -118,6 +118,33 @@ pub fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
     })
 }
 
+/// Where an `AF_PACKET` socket is bound, from `getsockname(2)`'s `sockaddr_ll`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketBinding {
+    /// `sll_ifindex`: the interface a send without a name goes out on; 0 for none.
+    pub ifindex: i32,
+    /// `sll_halen`: the length of that interface's link-layer address (0: it has none, and a
+    /// `SOCK_DGRAM` send builds no link-layer header from a destination).
+    pub halen: u8,
+}
+
+/// `getsockname(2)` of an `AF_PACKET` socket: the interface it is bound to.
+pub fn packet_binding(fd: BorrowedFd<'_>) -> io::Result<PacketBinding> {
+    let mut sll = MaybeUninit::<libc::sockaddr_ll>::zeroed();
+    let mut len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    syscall!(getsockname(
+        fd.as_raw_fd(),
+        sll.as_mut_ptr().cast(),
+        &mut len
+    ))?;
+    // SAFETY: zeroed is a valid sockaddr_ll, and getsockname wrote at most `len` bytes of one.
+    let sll = unsafe { sll.assume_init() };
+    Ok(PacketBinding {
+        ifindex: sll.sll_ifindex,
+        halen: sll.sll_halen,
+    })
+}
+
 /// `setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)`.
 pub fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
