@@ -133,7 +133,7 @@ fn reap_scribbling(tx: &mut Sender<Vec<u8>>, d: Duration) -> Vec<(u64, Option<i3
 /// the id back when the call failed with `ENOBUFS`, counted a budget refusal, and from then on
 /// released each buffer on its predecessor's completion: the second 100-byte buffer came back
 /// while its packet sat in the qdisc and the receiver got the scribble.
-fn stale_mtu_case(engine: EngineKind, v6: bool) {
+fn stale_mtu_case(engine: EngineKind, v6: bool, connected: bool) {
     util::in_black_hole(9000, |bh| {
         let Some(receiver) = peer_namespace(Duration::from_millis(800)) else {
             return;
@@ -154,15 +154,19 @@ fn stale_mtu_case(engine: EngineKind, v6: bool) {
         }
         let dest = SocketAddr::new(if v6 { bh.v6.ip() } else { bh.v4.ip() }, PORT);
         let sock = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
-        sock.connect(dest).unwrap();
+        if connected {
+            sock.connect(dest).unwrap();
+        }
         util::set_recverr(sock.as_fd(), v6);
         let mut tx = Sender::new(sock, engine).unwrap();
-        let what = format!("{engine} to {dest}");
+        let what = format!("{engine} to {dest}, connected: {connected}");
         let mut released = Vec::new();
         let mut refused = Vec::new();
-        let mut offer = |tx: &mut Sender<Vec<u8>>, seq: u64, len: usize| match tx
-            .try_send(datagram(seq, len))
-        {
+        let mut offer = |tx: &mut Sender<Vec<u8>>, seq: u64, len: usize| match if connected {
+            tx.try_send(datagram(seq, len))
+        } else {
+            tx.try_send_to(datagram(seq, len), dest)
+        } {
             Ok(()) => {}
             Err(SendError::Io { mut buf, error }) => {
                 buf.fill(SCRIBBLE);
@@ -230,10 +234,149 @@ fn stale_mtu_case(engine: EngineKind, v6: bool) {
 
 #[test]
 fn a_stale_path_mtu_never_releases_a_datagram_early_v4() {
-    stale_mtu_case(EngineKind::MsgZerocopy, false);
+    stale_mtu_case(EngineKind::MsgZerocopy, false, true);
 }
 
 #[test]
 fn a_stale_path_mtu_never_releases_a_datagram_early_v6() {
-    stale_mtu_case(EngineKind::MsgZerocopy, true);
+    stale_mtu_case(EngineKind::MsgZerocopy, true, true);
+}
+
+#[test]
+fn a_stale_path_mtu_never_releases_a_datagram_early_unconnected() {
+    stale_mtu_case(EngineKind::MsgZerocopy, false, false);
+}
+
+/// The socket's path-MTU mode, `IP_MTU_DISCOVER` or `IPV6_MTU_DISCOVER`.
+fn pmtu_mode(fd: std::os::fd::BorrowedFd<'_>, v6: bool) -> i32 {
+    use std::os::fd::AsRawFd;
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER)
+    };
+    let mut val: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into a live local.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&mut val as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "getsockopt: {}", std::io::Error::last_os_error());
+    val
+}
+
+/// A datagram too large for its path is never lost: under the socket's default mode it goes by
+/// copy, fragmented, and arrives whole, while the datagrams around it go zero-copy; under a mode
+/// the caller chose that refuses it (`IP_PMTUDISC_DO`), it comes back with `EMSGSIZE`. The
+/// caller gets its socket back under its own mode.
+fn too_large_case(v6: bool) {
+    util::in_black_hole(9000, |bh| {
+        let Some(receiver) = peer_namespace(Duration::from_millis(500)) else {
+            return;
+        };
+        let dest = SocketAddr::new(if v6 { bh.v6.ip() } else { bh.v4.ip() }, PORT);
+        let small_mtu = if v6 { "1280" } else { "1000" };
+        assert!(util::run_tool(
+            "ip",
+            &["link", "set", "zc0", "mtu", small_mtu],
+            None
+        ));
+        let any = if v6 { "[::]:0" } else { "0.0.0.0:0" };
+        let what = format!("msg-zc to {dest}");
+
+        let sock = UdpSocket::bind(any).unwrap();
+        sock.connect(dest).unwrap();
+        let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
+        for (seq, len) in [(0, 500), (1, 2500), (2, 500), (3, 2500), (4, 500)] {
+            tx.send(datagram(seq, len))
+                .unwrap_or_else(|e| panic!("{what}: datagram {seq}: {e}"));
+        }
+        let (released, stats) = util::finish(tx);
+        assert_eq!(released.len(), 5, "{what}: {stats:?}");
+        assert!(released.iter().all(|r| r.report.error.is_none()), "{what}");
+        assert_eq!(
+            stats.zerocopy_ids, 3,
+            "{what}: the small ones go zero-copy: {stats:?}"
+        );
+
+        // The caller's own mode refuses fragmenting: its refusal is the caller's.
+        let sock = UdpSocket::bind(any).unwrap();
+        sock.connect(dest).unwrap();
+        let (level, name) = if v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER)
+        };
+        util::set_int_opt(sock.as_fd(), level, name, libc::IP_PMTUDISC_DO);
+        let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
+        match tx.send(datagram(5, 2500)) {
+            Err(SendError::Io { buf, error }) => {
+                assert_eq!(
+                    error.raw_os_error(),
+                    Some(libc::EMSGSIZE),
+                    "{what}: {error}"
+                );
+                assert_eq!(
+                    buf,
+                    datagram(5, 2500),
+                    "{what}: the buffer comes back untouched"
+                );
+            }
+            other => panic!("{what}: a datagram the caller's DO mode refuses: {other:?}"),
+        }
+        tx.send(datagram(6, 500)).unwrap();
+        let closed = tx.close(Duration::from_secs(5));
+        assert_eq!(closed.kept, 0, "{what}");
+        assert_eq!(
+            pmtu_mode(closed.fd.as_fd(), v6),
+            libc::IP_PMTUDISC_DO,
+            "{what}"
+        );
+
+        let mut seen: Vec<u64> = receiver
+            .join()
+            .unwrap()
+            .iter()
+            .map(|d| check(d).unwrap_or_else(|e| panic!("{what}: the receiver got {e}")))
+            .collect();
+        seen.sort();
+        assert_eq!(seen, [0, 1, 2, 3, 4, 6], "{what}: datagrams lost");
+    });
+}
+
+#[test]
+fn a_datagram_too_large_for_its_path_goes_by_copy_and_arrives_v4() {
+    too_large_case(false);
+}
+
+#[test]
+fn a_datagram_too_large_for_its_path_goes_by_copy_and_arrives_v6() {
+    too_large_case(true);
+}
+
+/// The sender puts its socket under a mode of its own while it sends; the caller gets it back
+/// under the mode it had.
+#[test]
+fn a_closed_sender_gives_the_socket_back_under_the_callers_mode() {
+    util::in_black_hole(1500, |bh| {
+        for (dest, v6) in [(bh.v4, false), (bh.v6, true)] {
+            let sock = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
+            sock.connect(dest).unwrap();
+            let before = pmtu_mode(sock.as_fd(), v6);
+            let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
+            tx.send(vec![1u8; 100]).unwrap();
+            let closed = tx.close(Duration::from_secs(5));
+            assert_eq!(pmtu_mode(closed.fd.as_fd(), v6), before, "{dest}");
+            if v6 {
+                // The IPv4 level too (IPv4-mapped destinations).
+                assert_eq!(pmtu_mode(closed.fd.as_fd(), false), before, "{dest}");
+            }
+        }
+    });
 }

@@ -228,4 +228,8 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// still read. The engine keeps those (leaks them: never frees them, never hands them back),
     /// and the caller counts them as kept.
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize;
+
+    /// Puts back what the engine changed on `sock` (the path-MTU modes of a zero-copy datagram
+    /// socket) before the caller gets it back; after [`shutdown`](Self::shutdown).
+    fn give_back(&mut self, _sock: &Socket) {}
 }

@@ -1061,6 +1061,10 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         });
         kept
     }
+
+    fn give_back(&mut self, sock: &Socket) {
+        self.frag.give_back(sock.fd());
+    }
 }
 
 /// The engine's parts a settled record's release touches, borrowed apart from the ledger

@@ -19,7 +19,8 @@
 //! call bound to fail; a copy of that size that leaves unfragmented forgets it.
 //!
 //! An IPv6 socket gets both levels changed: its IPv4-mapped destinations follow the IPv4 mode.
-//! Where a mode cannot be read or set, no datagram goes zero-copy. A descriptor the caller kept
+//! Where a mode cannot be read or set, no datagram goes zero-copy. The caller's modes come back
+//! when the sender closes ([`Sender::close`](crate::Sender::close)). A descriptor the caller kept
 //! and changes the mode through is outside what zerotx can see.
 
 use std::collections::HashMap;
@@ -99,6 +100,16 @@ impl Unfragmented {
             self.changed.push(Changed { v6, caller, ours });
         }
         Ok(())
+    }
+
+    /// Puts the caller's modes back, for the caller to have its socket as it gave it: no
+    /// zero-copy datagram goes after this.
+    pub(crate) fn give_back(&mut self, fd: BorrowedFd<'_>) {
+        self.guarded = false;
+        for c in self.changed.drain(..) {
+            // Nothing to do if it fails: the socket then refuses what it would fragment.
+            let _ = sys::set_pmtu_mode(fd, c.v6, c.caller);
+        }
     }
 
     /// Sets every changed level to `mode(level)`; stops at the first failure.
