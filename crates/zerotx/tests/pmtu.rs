@@ -380,3 +380,149 @@ fn a_closed_sender_gives_the_socket_back_under_the_callers_mode() {
         }
     });
 }
+
+/// How the path gets narrower than the old guard's fixed MTU arithmetic thought.
+#[derive(Debug, Clone, Copy)]
+enum Narrower {
+    /// 40 bytes of IP options (`IP_OPTIONS`): a header of 60 bytes, not 20.
+    IpOptions,
+    /// `SO_MARK` picks a policy route with a smaller MTU than the route of an unmarked socket.
+    MarkedRoute,
+}
+
+/// Issue 34 item 1's other ways into the same state: the datagram fits the MTU as asked of the
+/// route (9000) but the kernel fragments it all the same, here with a drop of every fragment
+/// after the first (an nftables egress rule), the first waiting in a tbf queue with two small
+/// datagrams behind it. Before the fix the second small buffer came back while its packet was
+/// queued.
+fn narrower_path_case(narrower: Narrower) {
+    util::in_black_hole(9000, |bh| {
+        let Some(receiver) = peer_namespace(Duration::from_millis(900)) else {
+            return;
+        };
+        let tbf = [
+            "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "200kbit", "burst", "9100",
+            "limit", "100000",
+        ];
+        let drop_later_fragments = "table netdev fragments {\n chain out {\n type filter hook \
+                                    egress device zc0 priority 0;\n ip frag-off & 0x1fff != 0 \
+                                    drop\n }\n}\n";
+        if !util::run_tool("tc", &tbf, None)
+            || !util::run_tool("nft", &["-f", "-"], Some(drop_later_fragments))
+        {
+            return;
+        }
+        let dest = SocketAddr::new(bh.v4.ip(), PORT);
+        let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let (big, connected) = match narrower {
+            Narrower::IpOptions => {
+                let nops: [u8; 40] = std::array::from_fn(|i| if i < 39 { 1 } else { 0 });
+                use std::os::fd::AsRawFd;
+                // SAFETY: setsockopt reads 40 bytes from a live local.
+                let rc = unsafe {
+                    libc::setsockopt(
+                        sock.as_raw_fd(),
+                        libc::IPPROTO_IP,
+                        libc::IP_OPTIONS,
+                        nops.as_ptr().cast(),
+                        40,
+                    )
+                };
+                assert_eq!(rc, 0, "IP_OPTIONS: {}", std::io::Error::last_os_error());
+                (9000 - 28, true)
+            }
+            Narrower::MarkedRoute => {
+                for args in [
+                    &["rule", "add", "fwmark", "7", "table", "100"][..],
+                    &[
+                        "route",
+                        "add",
+                        "192.0.2.0/24",
+                        "dev",
+                        "zc0",
+                        "mtu",
+                        "1000",
+                        "table",
+                        "100",
+                    ],
+                ] {
+                    assert!(util::run_tool("ip", args, None));
+                }
+                util::set_int_opt(sock.as_fd(), libc::SOL_SOCKET, libc::SO_MARK, 7);
+                (2500, false)
+            }
+        };
+        if connected {
+            sock.connect(dest).unwrap();
+        }
+        util::set_recverr(sock.as_fd(), false);
+        let mut tx = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
+        let what = format!("msg-zc to {dest}, {narrower:?}");
+        let mut released = Vec::new();
+        let mut refused = Vec::new();
+        let mut offer = |tx: &mut Sender<Vec<u8>>, seq: u64, len: usize| match if connected {
+            tx.try_send(datagram(seq, len))
+        } else {
+            tx.try_send_to(datagram(seq, len), dest)
+        } {
+            Ok(()) => {}
+            Err(SendError::Io { mut buf, error }) => {
+                buf.fill(SCRIBBLE);
+                refused.push((seq, error.raw_os_error()));
+            }
+            Err(e) => panic!("{what}: datagram {seq}: {e}"),
+        };
+        offer(&mut tx, 0, 500);
+        released.extend(reap_scribbling(&mut tx, Duration::from_millis(100)));
+        // Empties the token bucket, so the first fragment waits in the queue.
+        let filler = UdpSocket::bind("0.0.0.0:0").unwrap();
+        filler.send_to(&datagram(100, 8972), dest).unwrap();
+        offer(&mut tx, 1, big);
+        offer(&mut tx, 2, 100);
+        offer(&mut tx, 3, 100);
+        released.extend(reap_scribbling(&mut tx, Duration::from_millis(800)));
+        let stats = tx.stats();
+        let got = receiver.join().unwrap();
+        eprintln!("{what}: released {released:?}, refused {refused:?}, {stats:?}");
+        let mut seen = Vec::new();
+        for d in &got {
+            match check(d) {
+                Ok(seq) => seen.push(seq),
+                Err(e) => panic!("{what}: the receiver got {e}; released {released:?}"),
+            }
+        }
+        assert!(
+            seen.contains(&2) && seen.contains(&3),
+            "{what}: the 100-byte datagrams did not arrive: {seen:?}"
+        );
+        assert_eq!(
+            stats.enobufs, 0,
+            "{what}: a drop counted as a budget refusal"
+        );
+        let big: Vec<_> = released
+            .iter()
+            .chain(&refused)
+            .filter(|r| r.0 == 1)
+            .collect();
+        assert_eq!(
+            big,
+            [&(1, Some(libc::ENOBUFS))],
+            "{what}: the drop was not reported"
+        );
+        assert_eq!(
+            released.len() + refused.len(),
+            4,
+            "{what}: every buffer once"
+        );
+    });
+}
+
+#[test]
+fn ip_options_never_make_a_zero_copy_datagram_fragment() {
+    narrower_path_case(Narrower::IpOptions);
+}
+
+#[test]
+fn a_marked_route_never_makes_a_zero_copy_datagram_fragment() {
+    narrower_path_case(Narrower::MarkedRoute);
+}
