@@ -7,6 +7,7 @@
 
 mod util;
 
+use std::collections::VecDeque;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::sync::mpsc;
@@ -46,15 +47,16 @@ fn check(d: &[u8]) -> Result<u64, String> {
     Ok(seq)
 }
 
-/// The receiving side: moves the black hole's peer `zc1` into a namespace of its own (the
-/// sender's thread must be in the black hole's), gives it 192.0.2.2 and 2001:db8::2 and the MAC
-/// the sender's neighbour entry names, and receives UDP on [`PORT`] until `quiet` passes without
-/// a datagram. Returns the datagrams in arrival order. `None`: skipped.
-fn peer_namespace(quiet: Duration) -> Option<std::thread::JoinHandle<Vec<Vec<u8>>>> {
+/// The receiving side, on a thread of its own: moves the black hole's peer `zc1` into a network
+/// namespace of its own (the calling thread must be in the black hole's), gives it 192.0.2.2,
+/// 2001:db8::2 and the MAC the sender's neighbour entry names, and receives UDP on [`PORT`]
+/// until [`Receiver::finish`]. `None`: skipped.
+fn peer_namespace() -> Option<Receiver> {
     let (tid_tx, tid_rx) = mpsc::channel();
     let (moved_tx, moved_rx) = mpsc::channel::<()>();
-    let (ready_tx, ready_rx) = mpsc::channel::<UdpSocket>();
-    let receiver = std::thread::spawn(move || {
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
         // SAFETY: unshare(CLONE_NEWNET) moves only the calling thread into a new namespace.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
         assert_eq!(rc, 0, "unshare: {}", std::io::Error::last_os_error());
@@ -70,16 +72,35 @@ fn peer_namespace(quiet: Duration) -> Option<std::thread::JoinHandle<Vec<Vec<u8>
         ] {
             assert!(util::run_tool("ip", args, None));
         }
+        // An IPv6 address added before its link came up gets its local route from a work item
+        // a little later; until then the stack drops what comes for it (Ip6InAddrErrors).
+        let local_route = || {
+            let out = std::process::Command::new("ip")
+                .args(["-6", "route", "show", "table", "local", "2001:db8::2"])
+                .output()
+                .unwrap();
+            !out.stdout.is_empty()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !local_route() {
+            assert!(Instant::now() < deadline, "2001:db8::2 never became local");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let v4 = UdpSocket::bind(("192.0.2.2", PORT)).unwrap();
         let v6 = UdpSocket::bind(("2001:db8::2", PORT)).unwrap();
-        ready_tx.send(v4.try_clone().unwrap()).unwrap();
-        let mut got = Vec::new();
         for s in [&v4, &v6] {
             s.set_nonblocking(true).unwrap();
         }
-        let mut last = Instant::now();
+        ready_tx.send(()).unwrap();
+        let mut got = Vec::new();
         let mut buf = vec![0u8; 70_000];
-        while last.elapsed() < quiet {
+        // Until told to finish, then what is still on its way (the qdisc holds datagrams for
+        // tens of milliseconds).
+        let mut end = None;
+        while end.map_or(true, |e| Instant::now() < e) {
+            if end.is_none() && stop_rx.try_recv().is_ok() {
+                end = Some(Instant::now() + Duration::from_millis(300));
+            }
             let mut any = false;
             for s in [&v4, &v6] {
                 if let Ok(n) = s.recv(&mut buf) {
@@ -87,10 +108,14 @@ fn peer_namespace(quiet: Duration) -> Option<std::thread::JoinHandle<Vec<Vec<u8>
                     any = true;
                 }
             }
-            if any {
-                last = Instant::now();
-            } else {
+            if !any {
                 std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // Whatever came while this thread waited to run.
+        for s in [&v4, &v6] {
+            while let Ok(n) = s.recv(&mut buf) {
+                got.push(buf[..n].to_vec());
             }
         }
         got
@@ -105,7 +130,24 @@ fn peer_namespace(quiet: Duration) -> Option<std::thread::JoinHandle<Vec<Vec<u8>
     }
     moved_tx.send(()).unwrap();
     ready_rx.recv().unwrap();
-    Some(receiver)
+    Some(Receiver {
+        thread,
+        stop: stop_tx,
+    })
+}
+
+/// The receiving thread of [`peer_namespace`].
+struct Receiver {
+    thread: std::thread::JoinHandle<Vec<Vec<u8>>>,
+    stop: mpsc::Sender<()>,
+}
+
+impl Receiver {
+    /// The datagrams received, in arrival order, once those still in flight arrived.
+    fn finish(self) -> Vec<Vec<u8>> {
+        let _ = self.stop.send(());
+        self.thread.join().unwrap()
+    }
 }
 
 /// Reaps `tx` for `d`, overwriting every released buffer the instant it comes back; returns the
@@ -133,19 +175,20 @@ fn reap_scribbling(tx: &mut Sender<Vec<u8>>, d: Duration) -> Vec<(u64, Option<i3
 /// the id back when the call failed with `ENOBUFS`, counted a budget refusal, and from then on
 /// released each buffer on its predecessor's completion: the second 100-byte buffer came back
 /// while its packet sat in the qdisc and the receiver got the scribble.
-fn stale_mtu_case(engine: EngineKind, v6: bool, connected: bool) {
+fn stale_mtu_case(engine: EngineKind, v6: bool, how: How) {
+    let connected = how != How::Unconnected;
     util::in_black_hole(9000, |bh| {
-        let Some(receiver) = peer_namespace(Duration::from_millis(800)) else {
+        let Some(receiver) = peer_namespace() else {
             return;
         };
         // The queue has room for the first fragment of the 2500-byte datagram (v4: 1010 B on the
         // wire at MTU 1000; v6: 1294 B at 1280) and two 100-byte datagrams behind it, not for
-        // the second fragment as well; at 200 kbit/s they wait there for tens of milliseconds.
+        // the second fragment as well; at 100 kbit/s they wait there for tens of milliseconds.
         let limit = if v6 { "2000" } else { "1400" };
         if !util::run_tool(
             "tc",
             &[
-                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "200kbit", "burst", "1400",
+                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "100kbit", "burst", "1400",
                 "limit", limit,
             ],
             None,
@@ -159,7 +202,7 @@ fn stale_mtu_case(engine: EngineKind, v6: bool, connected: bool) {
         }
         util::set_recverr(sock.as_fd(), v6);
         let mut tx = Sender::new(sock, engine).unwrap();
-        let what = format!("{engine} to {dest}, connected: {connected}");
+        let what = format!("{engine} to {dest}, {how:?}");
         let mut released = Vec::new();
         let mut refused = Vec::new();
         let mut offer = |tx: &mut Sender<Vec<u8>>, seq: u64, len: usize| match if connected {
@@ -183,15 +226,34 @@ fn stale_mtu_case(engine: EngineKind, v6: bool, connected: bool) {
             None
         ));
         // Empties the token bucket (it refilled meanwhile), so the first fragment waits in the
-        // queue: a datagram from another socket, which the receiver checks too.
+        // queue: a datagram from another socket, which the receiver checks too. What it leaves
+        // takes 50 ms or more to grow to a fragment's size.
         let filler = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" }).unwrap();
-        filler.send_to(&datagram(100, 900), dest).unwrap();
-        offer(&mut tx, 1, 2500);
-        offer(&mut tx, 2, 100);
-        offer(&mut tx, 3, 100);
+        filler
+            .send_to(&datagram(100, if v6 { 1200 } else { 950 }), dest)
+            .unwrap();
+        if how == How::Batch {
+            // msg-zc's datagram batch loop, which hands a refused datagram to the general path.
+            let mut q: VecDeque<_> = [datagram(1, 2500), datagram(2, 100), datagram(3, 100)].into();
+            while !q.is_empty() {
+                match tx.try_send_batch(&mut q) {
+                    Ok(_) => {}
+                    Err(SendError::Io { mut buf, error }) => {
+                        let seq = u64::from_le_bytes(buf[..8].try_into().unwrap());
+                        buf.fill(SCRIBBLE);
+                        refused.push((seq, error.raw_os_error()));
+                    }
+                    Err(e) => panic!("{what}: {e}"),
+                }
+            }
+        } else {
+            offer(&mut tx, 1, 2500);
+            offer(&mut tx, 2, 100);
+            offer(&mut tx, 3, 100);
+        }
         released.extend(reap_scribbling(&mut tx, Duration::from_millis(400)));
         let stats = tx.stats();
-        let got = receiver.join().unwrap();
+        let got = receiver.finish();
         eprintln!("{what}: released {released:?}, refused {refused:?}, {stats:?}");
         let mut seen = Vec::new();
         for d in &got {
@@ -232,19 +294,35 @@ fn stale_mtu_case(engine: EngineKind, v6: bool, connected: bool) {
     });
 }
 
+/// How the datagrams of [`stale_mtu_case`] are offered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// `try_send` on a connected socket.
+    Connected,
+    /// `try_send_to` on an unconnected one.
+    Unconnected,
+    /// `try_send_batch` on a connected one.
+    Batch,
+}
+
 #[test]
 fn a_stale_path_mtu_never_releases_a_datagram_early_v4() {
-    stale_mtu_case(EngineKind::MsgZerocopy, false, true);
+    stale_mtu_case(EngineKind::MsgZerocopy, false, How::Connected);
 }
 
 #[test]
 fn a_stale_path_mtu_never_releases_a_datagram_early_v6() {
-    stale_mtu_case(EngineKind::MsgZerocopy, true, true);
+    stale_mtu_case(EngineKind::MsgZerocopy, true, How::Connected);
 }
 
 #[test]
 fn a_stale_path_mtu_never_releases_a_datagram_early_unconnected() {
-    stale_mtu_case(EngineKind::MsgZerocopy, false, false);
+    stale_mtu_case(EngineKind::MsgZerocopy, false, How::Unconnected);
+}
+
+#[test]
+fn a_stale_path_mtu_never_releases_a_datagram_early_in_a_batch() {
+    stale_mtu_case(EngineKind::MsgZerocopy, false, How::Batch);
 }
 
 /// The socket's path-MTU mode, `IP_MTU_DISCOVER` or `IPV6_MTU_DISCOVER`.
@@ -277,7 +355,7 @@ fn pmtu_mode(fd: std::os::fd::BorrowedFd<'_>, v6: bool) -> i32 {
 /// caller gets its socket back under its own mode.
 fn too_large_case(v6: bool) {
     util::in_black_hole(9000, |bh| {
-        let Some(receiver) = peer_namespace(Duration::from_millis(500)) else {
+        let Some(receiver) = peer_namespace() else {
             return;
         };
         let dest = SocketAddr::new(if v6 { bh.v6.ip() } else { bh.v4.ip() }, PORT);
@@ -340,8 +418,7 @@ fn too_large_case(v6: bool) {
         );
 
         let mut seen: Vec<u64> = receiver
-            .join()
-            .unwrap()
+            .finish()
             .iter()
             .map(|d| check(d).unwrap_or_else(|e| panic!("{what}: the receiver got {e}")))
             .collect();
@@ -397,12 +474,18 @@ enum Narrower {
 /// queued.
 fn narrower_path_case(narrower: Narrower) {
     util::in_black_hole(9000, |bh| {
-        let Some(receiver) = peer_namespace(Duration::from_millis(900)) else {
+        let Some(receiver) = peer_namespace() else {
             return;
         };
+        // After the filler below, the bucket holds 86 bytes: the first fragment (the whole
+        // MTU with IP options, 1014 B on the marked route) waits, 74 ms or more, for tokens.
+        let rate = match narrower {
+            Narrower::IpOptions => "400kbit",
+            Narrower::MarkedRoute => "100kbit",
+        };
         let tbf = [
-            "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "200kbit", "burst", "9100",
-            "limit", "100000",
+            "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", rate, "burst", "9100", "limit",
+            "100000",
         ];
         let drop_later_fragments = "table netdev fragments {\n chain out {\n type filter hook \
                                     egress device zc0 priority 0;\n ip frag-off & 0x1fff != 0 \
@@ -482,7 +565,7 @@ fn narrower_path_case(narrower: Narrower) {
         offer(&mut tx, 3, 100);
         released.extend(reap_scribbling(&mut tx, Duration::from_millis(800)));
         let stats = tx.stats();
-        let got = receiver.join().unwrap();
+        let got = receiver.finish();
         eprintln!("{what}: released {released:?}, refused {refused:?}, {stats:?}");
         let mut seen = Vec::new();
         for d in &got {
