@@ -217,3 +217,71 @@ impl Unfragmented {
         sent
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guard that acts, on a socket whose modes it never touches.
+    fn guard() -> Unfragmented {
+        Unfragmented {
+            active: true,
+            guarded: true,
+            changed: SmallVec::new(),
+            connected: usize::MAX,
+            by_dest: HashMap::new(),
+        }
+    }
+
+    fn addr(port: u16) -> SockAddr {
+        std::net::SocketAddr::from(([192, 0, 2, 2], port)).into()
+    }
+
+    #[test]
+    fn a_refused_size_and_larger_skip_zero_copy_until_one_fits() {
+        for dest in [None, Some(addr(9))] {
+            let d = dest.as_ref();
+            let mut g = guard();
+            assert!(
+                g.may_zerocopy(65_000, d),
+                "nothing refused yet: the kernel decides"
+            );
+            g.refused(2500, d);
+            assert!(!g.may_zerocopy(2500, d));
+            assert!(!g.may_zerocopy(4000, d));
+            assert!(g.may_zerocopy(2499, d));
+            // A smaller refusal lowers the bound; a larger one does not raise it.
+            g.refused(2000, d);
+            g.refused(3000, d);
+            assert!(!g.may_zerocopy(2000, d));
+            // What went unfragmented below the bound says nothing; at or above it, the path
+            // widened.
+            g.fits(1500, d);
+            assert!(!g.may_zerocopy(2000, d));
+            g.fits(2000, d);
+            assert!(g.may_zerocopy(4000, d));
+        }
+    }
+
+    #[test]
+    fn destinations_are_apart_and_the_memory_is_bounded() {
+        let mut g = guard();
+        g.refused(2500, Some(&addr(1)));
+        assert!(g.may_zerocopy(3000, Some(&addr(2))));
+        assert!(g.may_zerocopy(3000, None));
+        for port in 0..(2 * REFUSED_CACHE as u16) {
+            g.refused(2500, Some(&addr(port)));
+            assert!(g.by_dest.len() <= REFUSED_CACHE);
+        }
+        // Forgotten or not, the kernel still refuses what would fragment.
+        assert!(!g.may_zerocopy(2500, Some(&addr(2 * REFUSED_CACHE as u16 - 1))));
+    }
+
+    #[test]
+    fn an_unguarded_socket_sends_no_datagram_zero_copy() {
+        let mut g = guard();
+        g.guarded = false;
+        assert!(!g.may_zerocopy(1, None));
+        assert!(!g.may_zerocopy(1, Some(&addr(9))));
+    }
+}
