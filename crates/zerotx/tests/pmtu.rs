@@ -631,3 +631,15 @@ fn ip_options_never_make_a_zero_copy_datagram_fragment() {
 fn a_marked_route_never_makes_a_zero_copy_datagram_fragment() {
     narrower_path_case(Narrower::MarkedRoute);
 }
+
+/// The same scenario over every other engine: the io_uring engines hold each request's buffer
+/// until its own notification, so a fragmented datagram delays only its own release; the copy
+/// engines have nothing to release early. Each reports the drop as a drop.
+#[test]
+fn a_stale_path_mtu_never_releases_a_datagram_early_on_any_engine() {
+    for &engine in util::engines() {
+        if engine != EngineKind::MsgZerocopy {
+            stale_mtu_case(engine, false, How::Connected);
+        }
+    }
+}
