@@ -190,8 +190,9 @@ impl<B: SendBuf> SendmsgEngine<B> {
                 && self.rule == IdRule::Datagram
                 && !self.frag.may_zerocopy(left, rec.dest.as_deref())
             {
-                // Too large for its path when last tried: it would be refused, and goes by copy
-                // (see the module docs). It tells `auto` nothing of the route.
+                // Too large for its path when last tried (it would be refused), or the kernel
+                // could not be kept from fragmenting: by copy (see the module docs). It tells
+                // `auto` nothing of the route.
                 zc = false;
                 let rec = self.ledger.item_mut(slot);
                 rec.kernel_copied = true;
@@ -1123,8 +1124,7 @@ fn copy_call(
     bytes: &[u8],
     dest: Option<&SockAddr>,
 ) -> io::Result<usize> {
-    stats.syscalls += 1;
-    let n = frag.send_copy(sock.fd(), bytes, dest)?;
+    let n = frag.send_copy(sock.fd(), bytes, dest, &mut stats.syscalls)?;
     stats.bytes += n as u64;
     Ok(n)
 }

@@ -164,14 +164,16 @@ impl Unfragmented {
     /// One send of `bytes` without `MSG_ZEROCOPY` (`sendto(2)`, [`sys::send_to`]). A datagram the
     /// guard's mode refuses as too large goes again under the caller's mode, which fragments it,
     /// and the guard's mode is put back. If it cannot be put back, no datagram goes zero-copy
-    /// any more.
+    /// any more. Adds the send calls it made to `sends`.
     #[inline(always)]
     pub(crate) fn send_copy(
         &mut self,
         fd: BorrowedFd<'_>,
         bytes: &[u8],
         dest: Option<&SockAddr>,
+        sends: &mut u64,
     ) -> io::Result<usize> {
+        *sends += 1;
         let sent = sys::send_to(fd, bytes, dest, 0);
         if !self.active {
             return sent;
@@ -183,7 +185,7 @@ impl Unfragmented {
             }
             Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) && !self.changed.is_empty() => {
                 self.refused(bytes.len(), dest);
-                self.send_fragmenting(fd, bytes, dest, e)
+                self.send_fragmenting(fd, bytes, dest, e, sends)
             }
             Err(e) => Err(e),
         }
@@ -199,6 +201,7 @@ impl Unfragmented {
         bytes: &[u8],
         dest: Option<&SockAddr>,
         refusal: io::Error,
+        sends: &mut u64,
     ) -> io::Result<usize> {
         if self.set_modes(fd, |c| c.caller).is_err() {
             return match self.set_modes(fd, |c| c.ours) {
@@ -209,6 +212,7 @@ impl Unfragmented {
                 }
             };
         }
+        *sends += 1;
         let sent = sys::send_to(fd, bytes, dest, 0);
         if self.set_modes(fd, |c| c.ours).is_err() {
             // The socket may fragment again: zero-copy datagrams stop for good.
