@@ -37,6 +37,12 @@ use crate::sys;
 /// Destinations whose refused size is remembered before the memory is cleared.
 const REFUSED_CACHE: usize = 1024;
 
+/// A copy of a datagram the kernel refused before on its path goes straight under the caller's
+/// mode (three calls: mode, send, mode), except one in this many, which is tried under the
+/// guard's mode first (a fourth call), to learn that the path widened: a learnt path MTU expires
+/// (`net.ipv4.route.mtu_expires`, 10 minutes by default), and routes change.
+const WIDEN_PROBE_EVERY: u32 = 64;
+
 /// One level whose mode the sender changed.
 #[derive(Debug, Clone, Copy)]
 struct Changed {
@@ -58,6 +64,8 @@ pub(crate) struct Unfragmented {
     connected: usize,
     /// The same per destination.
     by_dest: HashMap<SockAddr, usize>,
+    /// Copies sent straight under the caller's mode since the last probe of a wider path.
+    unprobed: u32,
 }
 
 impl Unfragmented {
@@ -70,6 +78,7 @@ impl Unfragmented {
             changed: SmallVec::new(),
             connected: usize::MAX,
             by_dest: HashMap::new(),
+            unprobed: 0,
         };
         let levels: &[bool] = match sock.kind.family {
             Family::Inet4 => &[false],
@@ -125,9 +134,12 @@ impl Unfragmented {
     /// kernel last refused on that path. Inlined for the connected socket's sends.
     #[inline(always)]
     pub(crate) fn may_zerocopy(&self, len: usize, dest: Option<&SockAddr>) -> bool {
-        if !self.guarded {
-            return false;
-        }
+        self.guarded && self.below_refused(len, dest)
+    }
+
+    /// Whether `len` is below the smallest size the kernel refused on the way to `dest`.
+    #[inline(always)]
+    fn below_refused(&self, len: usize, dest: Option<&SockAddr>) -> bool {
         match dest {
             None => len < self.connected,
             Some(d) => self.by_dest.get(d).map_or(true, |&refused| len < refused),
@@ -163,8 +175,10 @@ impl Unfragmented {
 
     /// One send of `bytes` without `MSG_ZEROCOPY` (`sendto(2)`, [`sys::send_to`]). A datagram the
     /// guard's mode refuses as too large goes again under the caller's mode, which fragments it,
-    /// and the guard's mode is put back. If it cannot be put back, no datagram goes zero-copy
-    /// any more. Adds the send calls it made to `sends`.
+    /// and the guard's mode is put back; one the kernel refused before on its path goes under the
+    /// caller's mode at once, but for a probe now and then ([`WIDEN_PROBE_EVERY`]). If the
+    /// guard's mode cannot be put back, no datagram goes zero-copy any more. Adds the send calls
+    /// it made to `sends`.
     #[inline(always)]
     pub(crate) fn send_copy(
         &mut self,
@@ -173,6 +187,13 @@ impl Unfragmented {
         dest: Option<&SockAddr>,
         sends: &mut u64,
     ) -> io::Result<usize> {
+        if self.active
+            && !self.changed.is_empty()
+            && !self.below_refused(bytes.len(), dest)
+            && !self.probe_due()
+        {
+            return self.send_fragmenting(fd, bytes, dest, None, sends);
+        }
         *sends += 1;
         let sent = sys::send_to(fd, bytes, dest, 0);
         if !self.active {
@@ -185,14 +206,25 @@ impl Unfragmented {
             }
             Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) && !self.changed.is_empty() => {
                 self.refused(bytes.len(), dest);
-                self.send_fragmenting(fd, bytes, dest, e, sends)
+                self.send_fragmenting(fd, bytes, dest, Some(e), sends)
             }
             Err(e) => Err(e),
         }
     }
 
+    /// Whether the next copy the kernel refused before goes under the guard's mode first.
+    fn probe_due(&mut self) -> bool {
+        self.unprobed += 1;
+        if self.unprobed >= WIDEN_PROBE_EVERY {
+            self.unprobed = 0;
+            return true;
+        }
+        false
+    }
+
     /// [`send_copy`](Self::send_copy) of a datagram too large for its path, under the caller's
-    /// mode; `refusal` is the error if that mode cannot be set.
+    /// mode; `refusal` is the guard's mode's answer (`EMSGSIZE`), the error if the caller's mode
+    /// cannot be set.
     #[cold]
     #[inline(never)]
     fn send_fragmenting(
@@ -200,9 +232,10 @@ impl Unfragmented {
         fd: BorrowedFd<'_>,
         bytes: &[u8],
         dest: Option<&SockAddr>,
-        refusal: io::Error,
+        refusal: Option<io::Error>,
         sends: &mut u64,
     ) -> io::Result<usize> {
+        let refusal = refusal.unwrap_or_else(|| io::Error::from_raw_os_error(libc::EMSGSIZE));
         if self.set_modes(fd, |c| c.caller).is_err() {
             return match self.set_modes(fd, |c| c.ours) {
                 Ok(()) => Err(refusal),
@@ -234,6 +267,7 @@ mod tests {
             changed: SmallVec::new(),
             connected: usize::MAX,
             by_dest: HashMap::new(),
+            unprobed: 0,
         }
     }
 
@@ -279,6 +313,14 @@ mod tests {
         }
         // Forgotten or not, the kernel still refuses what would fragment.
         assert!(!g.may_zerocopy(2500, Some(&addr(2 * REFUSED_CACHE as u16 - 1))));
+    }
+
+    #[test]
+    fn one_copy_in_so_many_probes_for_a_wider_path() {
+        let mut g = guard();
+        let due: Vec<bool> = (0..3 * WIDEN_PROBE_EVERY).map(|_| g.probe_due()).collect();
+        assert_eq!(due.iter().filter(|&&d| d).count(), 3);
+        assert!(due[WIDEN_PROBE_EVERY as usize - 1]);
     }
 
     #[test]
