@@ -15,8 +15,11 @@
 //! before `msg_zerocopy_realloc`). A datagram the kernel refused goes by copy, under the caller's
 //! own mode for that one call, and fragments as it did before; one the caller's own mode refuses
 //! (`IP_PMTUDISC_DO`, `PROBE`, `INTERFACE`) fails with `EMSGSIZE`, as it would without zerotx.
-//! The smallest size the kernel refused is remembered per destination, only to skip a zero-copy
-//! call bound to fail; a copy of that size that leaves unfragmented forgets it.
+//! The smallest size the kernel refused is remembered per destination, only to skip calls bound
+//! to fail: a datagram that large goes by copy under the caller's mode at once (two
+//! `setsockopt` calls around its send), and one such copy in [`WIDEN_PROBE_EVERY`] is tried
+//! under the guard's mode first; if it leaves unfragmented, the path widened and the size is
+//! forgotten.
 //!
 //! An IPv6 socket gets both levels changed: its IPv4-mapped destinations follow the IPv4 mode.
 //! Where a mode cannot be read or set, no datagram goes zero-copy. The caller's modes come back
