@@ -167,3 +167,51 @@ fn packet_sockets_that_cannot_send_are_refused_at_new() {
         }
     });
 }
+
+/// Packets (or drops) the interface `name` transmitted, from `/proc/thread-self/net/dev` (this
+/// thread's namespace).
+fn tx_count(name: &str) -> u64 {
+    let dev = std::fs::read_to_string("/proc/thread-self/net/dev").unwrap();
+    let line = dev
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("{name} not in /proc/net/dev"));
+    let fields: Vec<u64> = line
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .map(|f| f.parse().unwrap())
+        .collect();
+    // Receive has 8 fields; transmit: bytes, packets, errs, drop, ...
+    fields[9] + fields[11]
+}
+
+/// A `SOCK_DGRAM` packet socket on an interface without link-layer addresses (a tun device)
+/// sends without a name as well: the kernel builds no link-layer header.
+#[test]
+fn a_dgram_packet_socket_on_an_interface_without_link_addresses_sends() {
+    util::in_black_hole(1500, |_bh| {
+        if !util::run_tool("ip", &["tuntap", "add", "zctun", "mode", "tun"], None)
+            || !util::run_tool("ip", &["link", "set", "zctun", "up"], None)
+        {
+            return;
+        }
+        let before = tx_count("zctun");
+        let fd = packet_socket(libc::SOCK_DGRAM, Some("zctun"));
+        let mut tx = Sender::<Vec<u8>>::new(fd, EngineKind::Copy)
+            .unwrap_or_else(|e| panic!("a SOCK_DGRAM packet socket on a tun device: {e}"));
+        for seq in 0..5 {
+            tx.send(frame(seq)[14..].to_vec())
+                .unwrap_or_else(|e| panic!("packet {seq}: {e}"));
+        }
+        let (released, stats) = util::finish(tx);
+        assert_eq!(released.len(), 5, "{stats:?}");
+        assert!(released.iter().all(|r| r.report.error.is_none()));
+        assert_eq!(
+            tx_count("zctun") - before,
+            5,
+            "the tun device saw the packets"
+        );
+    });
+}
