@@ -134,14 +134,14 @@ impl Unfragmented {
 
     /// Whether a datagram of `len` payload bytes to `dest` (the connected peer if `None`) may go
     /// zero-copy: the kernel refuses it if it would fragment, and it is smaller than what the
-    /// kernel last refused on that path. Inlined for the connected socket's sends.
-    #[inline(always)]
+    /// kernel last refused on that path.
+    #[inline]
     pub(crate) fn may_zerocopy(&self, len: usize, dest: Option<&SockAddr>) -> bool {
         self.guarded && self.below_refused(len, dest)
     }
 
     /// Whether `len` is below the smallest size the kernel refused on the way to `dest`.
-    #[inline(always)]
+    #[inline]
     fn below_refused(&self, len: usize, dest: Option<&SockAddr>) -> bool {
         match dest {
             None => len < self.connected,
@@ -182,7 +182,7 @@ impl Unfragmented {
     /// caller's mode at once, but for a probe now and then ([`WIDEN_PROBE_EVERY`]). If the
     /// guard's mode cannot be put back, no datagram goes zero-copy any more. Adds the send calls
     /// it made to `sends`.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn send_copy(
         &mut self,
         fd: BorrowedFd<'_>,
