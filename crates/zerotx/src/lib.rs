@@ -15,7 +15,10 @@
 //! | `uring-zc` | io_uring `SENDMSG_ZC`, `SEND_ZC` + fixed buffers, `REPORT_USAGE` | 6.1 (usage report 6.2) | [`Error::Unsupported`] |
 //!
 //! Kernel 6.18 refuses `SO_ZEROCOPY` on RAW, `AF_PACKET` and `AF_UNIX` sockets (`EOPNOTSUPP`):
-//! those send with `copy`. [`probe()`] tells what the running host supports.
+//! those send with `copy`. An `AF_PACKET` socket must be bound to an interface: each buffer goes
+//! out there as one frame, with the socket's protocol (a `SOCK_RAW` buffer holds the link-layer
+//! header; a `SOCK_DGRAM` socket is taken only on an interface without link-layer addresses).
+//! [`probe()`] tells what the running host supports.
 //!
 //! The io_uring engines keep one request in flight per stream socket (several in flight reorder
 //! the byte stream when the socket buffer fills), carrying many buffers as one iovec; datagram
@@ -25,6 +28,10 @@
 //!
 //! ## What zerotx gets right, and where it lives
 //! - Buffer lifetimes: [`SendBuf`] documents the rule; no path frees a buffer the kernel may read.
+//! - Fragmented datagrams: a zero-copy UDP socket is put under a path-MTU mode in which the kernel
+//!   refuses, before taking an id, a datagram it would fragment (a dropped fragment would leave
+//!   the id's completion to whenever the other fragments are freed); that datagram goes by copy
+//!   under the socket's own mode (`engine/unfragmented.rs`).
 //! - Completion ids: u32, wrapping, coalesced into ranges that may cross 2^32, one buffer owning
 //!   several ids after a short write: the pure ledger (`ledger.rs`). Which calls take an id differs per
 //!   protocol (a UDP send that failed after its skb was built took one; a short vsock call took
@@ -52,6 +59,7 @@
 //! | `engine/uring.rs`, `engine/shared.rs` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
 //! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
 //! | `engine/auto.rs` | `auto`: which family (io_uring or `sendmsg`) a socket gets, and why |
+//! | `engine/unfragmented.rs` | the path-MTU mode that keeps the kernel from fragmenting zero-copy datagrams |
 //! | `engine/policy/` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure; `policy/auto.rs`: `auto`'s per-send choice (thresholds, copied windows, probes, budget holds, caps), with property tests |
 //! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
 //! | `cmsg.rs` | the error-queue decoder |

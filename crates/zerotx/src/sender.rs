@@ -712,6 +712,7 @@ impl<B: SendBuf> Sender<B> {
         let _ = self.flush(timeout);
         let (released, kept) = self.give_up();
         let sock = self.sock.take().expect("socket present until close");
+        self.engine.give_back(&sock);
         let cut_short = released
             .iter()
             .any(|r| r.report.error.is_some() && r.report.bytes > 0);

@@ -138,8 +138,42 @@ pub(crate) struct Socket {
     pub(crate) connected: bool,
 }
 
+/// Checks that the `AF_PACKET` socket `fd` can send without a destination, which is how zerotx
+/// sends on it (it has no destination for packet sockets), and answers `true`: it is connected in
+/// effect. A packet socket has no peer (`getpeername` fails), but `packet_snd` sends a call
+/// without a name on the interface the socket is bound to, with its protocol. So it must be bound
+/// to one interface; and a `SOCK_DGRAM` one builds the link-layer header from the destination
+/// address, which a call without a name does not give, except on an interface without
+/// link-layer addresses.
+fn packet_sends_unnamed(fd: BorrowedFd<'_>, kind: SockKind) -> Result<bool, Error> {
+    let bound = sys::packet_binding(fd).map_err(|source| Error::Io {
+        context: "getsockname(2) of the packet socket",
+        source,
+    })?;
+    if bound.ifindex == 0 {
+        return Err(Error::Config {
+            problem: format!("a {kind} socket bound to no interface"),
+            fix: "zerotx sends on a packet socket without a destination, which the kernel sends \
+                  on the interface the socket is bound to: bind it to one interface first \
+                  (bind(2) with a sockaddr_ll whose sll_ifindex names it)"
+                .into(),
+        });
+    }
+    if kind.ty == SockType::Dgram && bound.halen != 0 {
+        return Err(Error::Unsupported {
+            feature: Feature::Socket(kind),
+            reason: "a SOCK_DGRAM packet socket needs a link-layer destination address for each \
+                     send on this interface, and zerotx takes none for packet sockets: use a \
+                     SOCK_RAW packet socket and put the link-layer header in each buffer"
+                .into(),
+        });
+    }
+    Ok(true)
+}
+
 impl Socket {
-    /// Classifies `fd`; refuses closed fds, non-sockets, listening and unconnected stream sockets.
+    /// Classifies `fd`; refuses closed fds, non-sockets, listening and unconnected stream sockets,
+    /// and packet sockets that cannot send without a destination ([`packet_sends_unnamed`]).
     pub(crate) fn new(fd: OwnedFd) -> Result<Self, Error> {
         let raw = fd.as_raw_fd();
         let info = match sys::sock_info(fd.as_fd()) {
@@ -183,10 +217,14 @@ impl Socket {
         if matches!(kind.ty, SockType::Stream | SockType::Seqpacket) && !info.connected {
             return Err(Error::NotConnected { kind });
         }
+        let connected = match kind.family {
+            Family::Packet => packet_sends_unnamed(fd.as_fd(), kind)?,
+            _ => info.connected,
+        };
         Ok(Self {
             fd,
             kind,
-            connected: info.connected,
+            connected,
         })
     }
 

@@ -20,6 +20,7 @@ pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
 pub(crate) mod shared;
+pub(crate) mod unfragmented;
 pub(crate) mod uring;
 
 pub use policy::auto::AtCap;
@@ -227,4 +228,8 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// still read. The engine keeps those (leaks them: never frees them, never hands them back),
     /// and the caller counts them as kept.
     fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize;
+
+    /// Puts back what the engine changed on `sock` (the path-MTU modes of a zero-copy datagram
+    /// socket) before the caller gets it back; after [`shutdown`](Self::shutdown).
+    fn give_back(&mut self, _sock: &Socket) {}
 }

@@ -37,13 +37,16 @@
 //!   completion covered it. The answer also tells the two `ENOBUFS` apart: no id taken is the
 //!   budget (retry or fall back); an id taken is a dropped datagram (an error for the caller,
 //!   never retried into a drop that repeats).
-//!   That holds for a datagram that leaves as one packet. A fragmented one (larger than the
-//!   path's MTU) is different: fragments already queued keep the id's pages referenced after a
-//!   later fragment's drop failed the call, so its completion comes late and the id cannot be
-//!   learned at once. The kernel copies such datagrams anyway (`__ip_append_data` sends
-//!   zero-copy only what fits the MTU), so the engine sends them without `MSG_ZEROCOPY`: no id,
-//!   nothing lost. The route's MTU (`IP_MTU`/`IPV6_MTU`) is asked once per destination, and
-//!   again after an `EMSGSIZE`.
+//!   That holds for a datagram that leaves as one packet, whose skb is freed before the call
+//!   returns. A fragmented one does not: fragments already queued keep the id's pages
+//!   referenced after a later fragment's drop failed the call, so its completion comes late, the
+//!   id would be taken back on a wrong answer, and every later buffer would be released on its
+//!   predecessor's completion. So the kernel is kept from fragmenting zero-copy datagrams at all
+//!   ([`Unfragmented`]): under the path-MTU mode the engine sets, a datagram too large for its
+//!   path is refused with `EMSGSIZE` before the id is taken, and then goes by copy, fragmented
+//!   under the caller's mode. What the answer cannot see is a clone of the skb that outlives the
+//!   failed call (an nftables `dup` or `TEE` before the drop): then the completion comes late and
+//!   the id is taken back wrongly.
 //! - **vsock** (6.7+): one zero-copy call of at most [`VSOCK_ZC_MAX`](policy::VSOCK_ZC_MAX) bytes is one packet and
 //!   takes one id, or fails whole with `ENOMEM` (the budget) and takes none. Larger calls are
 //!   split into packets and only the last one carries the id: when its completion cannot be
@@ -67,6 +70,7 @@ use crate::engine::auto::EpochClock;
 use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::{LatencySampler, Record};
+use crate::engine::unfragmented::Unfragmented;
 use crate::engine::{send_each, send_front, Engine, EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
 use crate::ledger::{Done, Ledger, SlotId};
@@ -111,8 +115,8 @@ pub(crate) struct SendmsgEngine<B> {
     /// `copy`: progress calls since the error queue was last read (see
     /// [`COPY_ERRQUEUE_EVERY`]).
     quiet: u32,
-    /// Datagram zero-copy goes only to paths it fits unfragmented (see the module docs).
-    mtu: PathMtu,
+    /// Keeps the kernel from fragmenting zero-copy datagrams (see the module docs).
+    frag: Unfragmented,
     ledger: Ledger<Record<B>>,
     head: Option<SlotId>,
     /// Set once a stream failed after part of a buffer went out: nothing more may be sent.
@@ -155,7 +159,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             byte_stream: sock.kind.is_byte_stream(),
             errqueue: has_error_queue(sock, zerocopy),
             quiet: 0,
-            mtu: PathMtu::new(sock),
+            frag: Unfragmented::new(sock, zerocopy && rule == IdRule::Datagram),
             ledger: Ledger::new(first_id),
             head: None,
             broken: None,
@@ -184,10 +188,11 @@ impl<B: SendBuf> SendmsgEngine<B> {
             let mut zc = self.zerocopy && rec.copy.is_none();
             if zc
                 && self.rule == IdRule::Datagram
-                && !self.mtu.fits(sock, left, rec.dest.as_deref())
+                && !self.frag.may_zerocopy(left, rec.dest.as_deref())
             {
-                // Fragmented: the kernel would copy it anyway (see the module docs). It tells
-                // `auto` nothing of the route: it never asked for zero-copy.
+                // Too large for its path when last tried (it would be refused), or the kernel
+                // could not be kept from fragmenting: by copy (see the module docs). It tells
+                // `auto` nothing of the route.
                 zc = false;
                 let rec = self.ledger.item_mut(slot);
                 rec.kernel_copied = true;
@@ -196,7 +201,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             if !zc {
                 // By copy from here on (a fallback, or a datagram too large for the path).
                 let rec = self.ledger.item_mut(slot);
-                return match send_copied(&mut self.stats, self.stream, sock, rec)? {
+                return match send_copied(&mut self.stats, &mut self.frag, self.stream, sock, rec)? {
                     true => Ok(Wait::Nothing),
                     false => Ok(Wait::Writable),
                 };
@@ -253,16 +258,22 @@ impl<B: SendBuf> SendmsgEngine<B> {
         e: io::Error,
         out: &mut Vec<Released<B>>,
     ) -> io::Result<Option<Wait>> {
-        if e.raw_os_error() == Some(libc::EMSGSIZE) {
-            // The path's MTU may have shrunk: ask again before the next datagram.
-            self.mtu.forget(self.ledger.item(slot).dest.as_deref());
-        }
         // Every failure but EAGAIN (handled by the caller) may come after the id was taken.
         let (took_id, reaped) = if self.rule == IdRule::Datagram {
             self.learn_failed_datagram_id(sock, out)
         } else {
             (false, 0)
         };
+        if !took_id && self.rule == IdRule::Datagram && e.raw_os_error() == Some(libc::EMSGSIZE) {
+            // The kernel would have fragmented it and refused instead, before taking an id: it
+            // goes by copy, fragmented (see the module docs), and tells `auto` nothing.
+            let rec = self.ledger.item_mut(slot);
+            self.frag.refused(rec.left(), rec.dest.as_deref());
+            rec.copy_for(CopyReason::Kernel);
+            rec.kernel_copied = true;
+            rec.auto_zc = false;
+            return Ok(None);
+        }
         let budget = match e.raw_os_error() {
             Some(libc::ENOBUFS) => true,
             Some(libc::ENOMEM) => self.rule == IdRule::Vsock,
@@ -461,7 +472,13 @@ impl<B: SendBuf> SendmsgEngine<B> {
     ) -> Result<(), SendError<B>> {
         let started = self.latency.next();
         let len = buf.as_bytes().len();
-        let sent = match copy_call(&mut self.stats, sock, buf.as_bytes(), dest.as_ref()) {
+        let sent = match copy_call(
+            &mut self.stats,
+            &mut self.frag,
+            sock,
+            buf.as_bytes(),
+            dest.as_ref(),
+        ) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.waiting = Wait::Writable;
                 self.stats.would_block += 1;
@@ -500,7 +517,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
         let mut rec = Record::new(buf, dest, started);
         rec.copy = reason;
         rec.sent = sent;
-        let sent = send_copied(&mut self.stats, self.stream, sock, &mut rec);
+        let sent = send_copied(&mut self.stats, &mut self.frag, self.stream, sock, &mut rec);
         // Out of line: its return comes before its caller's fill.
         sys::refill_return_stack();
         match sent {
@@ -660,7 +677,7 @@ impl<B: SendBuf> SendmsgEngine<B> {
             };
             let data = buf.as_bytes();
             let len = data.len();
-            if len == 0 || !self.mtu.fits(sock, len, None) {
+            if len == 0 || !self.frag.may_zerocopy(len, None) {
                 bufs.push_front(buf);
                 if !send_front(bufs, |buf| self.send_one(sock, buf, None, out))? {
                     return Ok(taken);
@@ -1045,6 +1062,10 @@ impl<B: SendBuf> Engine<B> for SendmsgEngine<B> {
         });
         kept
     }
+
+    fn give_back(&mut self, sock: &Socket) {
+        self.frag.give_back(sock.fd());
+    }
 }
 
 /// The engine's parts a settled record's release touches, borrowed apart from the ledger
@@ -1077,13 +1098,14 @@ impl Release<'_> {
 #[inline(always)]
 fn send_copied<B: SendBuf>(
     stats: &mut Stats,
+    frag: &mut Unfragmented,
     stream: bool,
     sock: &Socket,
     rec: &mut Record<B>,
 ) -> io::Result<bool> {
     while rec.left() > 0 {
         let rest = &rec.bufs[0].as_bytes()[rec.sent..];
-        match copy_call(stats, sock, rest, rec.dest.as_deref()) {
+        match copy_call(stats, frag, sock, rest, rec.dest.as_deref()) {
             Ok(n) => rec.sent = if stream { rec.sent + n } else { rec.total },
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) => return Err(e),
@@ -1092,16 +1114,17 @@ fn send_copied<B: SendBuf>(
     Ok(true)
 }
 
-/// One `sendto` without `MSG_ZEROCOPY`, counted in `stats` (the call, and the bytes it took).
+/// One `sendto` without `MSG_ZEROCOPY` ([`Unfragmented::send_copy`]: a datagram too large for
+/// its path goes fragmented), counted in `stats` (the call, and the bytes it took).
 #[inline(always)]
 fn copy_call(
     stats: &mut Stats,
+    frag: &mut Unfragmented,
     sock: &Socket,
     bytes: &[u8],
     dest: Option<&SockAddr>,
 ) -> io::Result<usize> {
-    stats.syscalls += 1;
-    let n = sys::send_to(sock.fd(), bytes, dest, 0)?;
+    let n = frag.send_copy(sock.fd(), bytes, dest, &mut stats.syscalls)?;
     stats.bytes += n as u64;
     Ok(n)
 }
@@ -1125,81 +1148,3 @@ fn has_error_queue(sock: &Socket, zerocopy: bool) -> bool {
 /// came with every reap. A caller that polls without asking for readiness spins at most this many
 /// times before the queue is read.
 const COPY_ERRQUEUE_EVERY: u32 = 16;
-
-/// Destinations whose MTU is remembered before the memory is cleared and asked again.
-const MTU_CACHE: usize = 1024;
-
-/// The MTU of the paths an IP datagram socket sends on, asked of the kernel once per destination.
-struct PathMtu {
-    ip: bool,
-    v6: bool,
-    /// Bytes of IP and UDP header in front of the payload.
-    header: usize,
-    connected: Option<u32>,
-    by_dest: std::collections::HashMap<SockAddr, u32>,
-}
-
-impl PathMtu {
-    fn new(sock: &Socket) -> Self {
-        let v6 = sock.kind.family == Family::Inet6;
-        Self {
-            ip: matches!(sock.kind.family, Family::Inet4 | Family::Inet6),
-            v6,
-            header: if v6 { 40 + 8 } else { 20 + 8 },
-            connected: None,
-            by_dest: std::collections::HashMap::new(),
-        }
-    }
-
-    /// Whether a datagram of `len` payload bytes leaves as one packet on the way to `dest` (the
-    /// connected peer if `None`). Non-IP sockets do not fragment; an IP path whose MTU the kernel
-    /// would not tell goes by copy (the safe side). Inlined for a connected socket whose MTU is
-    /// known, the case of every send after the first.
-    #[inline(always)]
-    fn fits(&mut self, sock: &Socket, len: usize, dest: Option<&SockAddr>) -> bool {
-        if !self.ip {
-            return true;
-        }
-        if let (None, Some(mtu)) = (dest, self.connected) {
-            return policy::datagram_zerocopy(len, self.header, Some(mtu));
-        }
-        self.ask(sock, len, dest)
-    }
-
-    /// [`fits`](Self::fits), asking the kernel for the MTU it does not know yet.
-    #[inline(never)]
-    fn ask(&mut self, sock: &Socket, len: usize, dest: Option<&SockAddr>) -> bool {
-        let mtu = match dest {
-            None => {
-                if self.connected.is_none() {
-                    self.connected = sys::socket_mtu(sock.fd(), self.v6).ok();
-                }
-                self.connected
-            }
-            Some(d) => match self.by_dest.get(d) {
-                Some(&m) => Some(m),
-                None => {
-                    let m = sys::route_mtu(d).ok();
-                    if let Some(m) = m {
-                        if self.by_dest.len() >= MTU_CACHE {
-                            self.by_dest.clear();
-                        }
-                        self.by_dest.insert(d.clone(), m);
-                    }
-                    m
-                }
-            },
-        };
-        policy::datagram_zerocopy(len, self.header, mtu)
-    }
-
-    /// Forgets what was learned about `dest` (after `EMSGSIZE`: the MTU may have shrunk).
-    fn forget(&mut self, dest: Option<&SockAddr>) {
-        match dest {
-            None => self.connected = None,
-            Some(d) => {
-                self.by_dest.remove(d);
-            }
-        }
-    }
-}

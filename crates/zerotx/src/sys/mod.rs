@@ -10,7 +10,7 @@
 
 use std::io;
 use std::mem::{self, MaybeUninit};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use socket2::SockAddr;
@@ -118,28 +118,60 @@ pub fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
     })
 }
 
+/// Where an `AF_PACKET` socket is bound, from `getsockname(2)`'s `sockaddr_ll`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PacketBinding {
+    /// `sll_ifindex`: the interface a send without a name goes out on; 0 for none.
+    pub ifindex: i32,
+    /// `sll_halen`: the length of that interface's link-layer address (0: it has none, and a
+    /// `SOCK_DGRAM` send builds no link-layer header from a destination).
+    pub halen: u8,
+}
+
+/// `getsockname(2)` of an `AF_PACKET` socket: the interface it is bound to.
+pub fn packet_binding(fd: BorrowedFd<'_>) -> io::Result<PacketBinding> {
+    let mut sll = MaybeUninit::<libc::sockaddr_ll>::zeroed();
+    let mut len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+    syscall!(getsockname(
+        fd.as_raw_fd(),
+        sll.as_mut_ptr().cast(),
+        &mut len
+    ))?;
+    // SAFETY: zeroed is a valid sockaddr_ll, and getsockname wrote at most `len` bytes of one.
+    let sll = unsafe { sll.assume_init() };
+    Ok(PacketBinding {
+        ifindex: sll.sll_ifindex,
+        halen: sll.sll_halen,
+    })
+}
+
 /// `setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)`.
 pub fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
 }
 
-/// `getsockopt(IP_MTU)` (`IPV6_MTU` with `v6`): the MTU of a connected socket's route.
-pub fn socket_mtu(fd: BorrowedFd<'_>, v6: bool) -> io::Result<u32> {
-    let mtu = if v6 {
-        getsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU)?
+/// The level and option of the path-MTU discovery mode: `IPPROTO_IP`/`IP_MTU_DISCOVER`, or with
+/// `v6` `IPPROTO_IPV6`/`IPV6_MTU_DISCOVER`.
+fn pmtu_option(v6: bool) -> (libc::c_int, libc::c_int) {
+    if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER)
     } else {
-        getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU)?
-    };
-    Ok(mtu.max(0) as u32)
+        (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER)
+    }
 }
 
-/// The MTU of the route to `dest`: a throwaway UDP socket `connect`ed to it (no packet is sent),
-/// then `getsockopt(IP_MTU/IPV6_MTU)`.
-pub fn route_mtu(dest: &SockAddr) -> io::Result<u32> {
-    let v6 = dest.is_ipv6();
-    let fd = socket(i32::from(dest.domain()), libc::SOCK_DGRAM, 0)?;
-    syscall!(connect(fd.as_raw_fd(), dest.as_ptr(), dest.len()))?;
-    socket_mtu(fd.as_fd(), v6)
+/// `getsockopt(IP_MTU_DISCOVER)` (`IPV6_MTU_DISCOVER` with `v6`): the socket's path-MTU discovery
+/// mode (`IP_PMTUDISC_*`; IPv6 numbers its modes alike). An IPv6 socket answers the IPv4 option
+/// too: its mode for IPv4-mapped destinations.
+pub fn pmtu_mode(fd: BorrowedFd<'_>, v6: bool) -> io::Result<i32> {
+    let (level, name) = pmtu_option(v6);
+    getsockopt_int(fd, level, name)
+}
+
+/// `setsockopt(IP_MTU_DISCOVER)` (`IPV6_MTU_DISCOVER` with `v6`) to `mode`.
+pub fn set_pmtu_mode(fd: BorrowedFd<'_>, v6: bool, mode: i32) -> io::Result<()> {
+    let (level, name) = pmtu_option(v6);
+    setsockopt_int(fd, level, name, mode)
 }
 
 /// `getsockopt(SOL_SOCKET, SO_ZEROCOPY)`: whether the socket already opted in.

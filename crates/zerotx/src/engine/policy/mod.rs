@@ -7,7 +7,8 @@
 //! - [`on_budget_refusal`]: after `ENOBUFS` (`MSG_ZEROCOPY`: option memory, locked memory) or
 //!   `ENOMEM` (io_uring: locked memory; vsock: its completion allocation): retry, wait for
 //!   completions, or send this one by copy.
-//! - [`datagram_zerocopy`]: whether a datagram may go zero-copy on a path (one packet only).
+//! - [`unfragmented_mode`]: the path-MTU discovery mode that makes the kernel refuse, rather than
+//!   fragment, a zero-copy datagram too large for its path.
 //! - [`zerocopy_call_len`]: how many bytes one zero-copy call may carry (vsock: one packet).
 //! - [`fixed_buffer`] and [`batch_fits`]: when io_uring sends from registered memory, and how
 //!   many buffers one request may pin.
@@ -71,11 +72,24 @@ pub(crate) fn on_budget_refusal(r: Refusal) -> BudgetAction {
     }
 }
 
-/// Whether a datagram of `payload` bytes goes zero-copy on a path of `mtu` with `header` bytes of
-/// IP and UDP headers: only if it leaves as one packet (the kernel copies fragments anyway, and a
-/// fragmented datagram's completion can come late). An unknown MTU is the safe side: copy.
-pub(crate) fn datagram_zerocopy(payload: usize, header: usize, mtu: Option<u32>) -> bool {
-    mtu.is_some_and(|m| payload + header <= m as usize)
+/// The `IP_MTU_DISCOVER` / `IPV6_MTU_DISCOVER` mode a zero-copy datagram socket sends under, given
+/// the caller's `mode`, or `None` to keep it: one under which the kernel refuses a datagram too
+/// large for its path with `EMSGSIZE` before it takes a zero-copy id, instead of fragmenting it.
+///
+/// A fragmented zero-copy datagram is never safe: every fragment holds the id's pages, so a qdisc
+/// that drops a later fragment fails the call while an earlier one still waits to be sent, and
+/// its completion comes whenever that fragment is freed (KERNEL.md, "UDP and the path MTU"). The
+/// kernel fragments under `DONT`, `WANT` (the default) and `OMIT` (`ip_sk_ignore_df`,
+/// `ip6_sk_ignore_df`) and refuses under `DO`, `PROBE` and `INTERFACE`; IPv4 and IPv6 number
+/// their modes alike. `WANT` becomes `DO`, which sets DF as `WANT` does on a datagram that fits;
+/// `DONT` and `OMIT`, which never set DF, become `INTERFACE`, which does not either. A datagram
+/// that needs fragmenting then goes by copy under the caller's own mode.
+pub(crate) fn unfragmented_mode(mode: i32) -> Option<i32> {
+    match mode {
+        libc::IP_PMTUDISC_WANT => Some(libc::IP_PMTUDISC_DO),
+        libc::IP_PMTUDISC_DONT | libc::IP_PMTUDISC_OMIT => Some(libc::IP_PMTUDISC_INTERFACE),
+        _ => None,
+    }
 }
 
 /// The largest vsock zero-copy call: one virtio-vsock packet (`VIRTIO_VSOCK_MAX_PKT_BUF_SIZE`),
@@ -210,18 +224,6 @@ mod tests {
             prop_assert!(a != BudgetAction::Copy || (!freed && !may_free));
         }
 
-        /// A datagram goes zero-copy exactly when it fits the path in one packet.
-        #[test]
-        fn datagrams_go_zero_copy_only_unfragmented(
-            payload in 0usize..70_000,
-            v6: bool,
-            mtu in proptest::option::of(68u32..70_000),
-        ) {
-            let header = if v6 { 48 } else { 28 };
-            let zc = datagram_zerocopy(payload, header, mtu);
-            prop_assert_eq!(zc, mtu.is_some_and(|m| payload + header <= m as usize));
-        }
-
         #[test]
         fn a_vsock_call_is_at_most_one_packet(left in 1usize..(1 << 24), vsock: bool) {
             let n = zerocopy_call_len(vsock, left);
@@ -236,6 +238,38 @@ mod tests {
             prop_assert!(!batch_fits(charge, limit) || may_pin(charge, limit));
             prop_assert!(limit.is_some() || (batch_fits(charge, limit) && may_pin(charge, limit)));
         }
+    }
+
+    /// Every mode the kernel knows ends as one that refuses to fragment; IPv6 numbers them as
+    /// IPv4 does.
+    #[test]
+    fn zero_copy_datagrams_go_under_a_mode_that_never_fragments() {
+        let refuses = [
+            libc::IP_PMTUDISC_DO,
+            libc::IP_PMTUDISC_PROBE,
+            libc::IP_PMTUDISC_INTERFACE,
+        ];
+        for mode in 0..=5 {
+            let ours = unfragmented_mode(mode).unwrap_or(mode);
+            assert!(refuses.contains(&ours), "mode {mode} -> {ours}");
+            assert_eq!(unfragmented_mode(mode).is_none(), refuses.contains(&mode));
+        }
+        assert_eq!(
+            unfragmented_mode(libc::IP_PMTUDISC_WANT),
+            Some(libc::IP_PMTUDISC_DO)
+        );
+        assert_eq!(
+            (
+                libc::IPV6_PMTUDISC_WANT,
+                libc::IPV6_PMTUDISC_DO,
+                libc::IPV6_PMTUDISC_INTERFACE
+            ),
+            (
+                libc::IP_PMTUDISC_WANT,
+                libc::IP_PMTUDISC_DO,
+                libc::IP_PMTUDISC_INTERFACE
+            )
+        );
     }
 
     #[test]
