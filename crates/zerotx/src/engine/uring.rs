@@ -33,7 +33,9 @@
 //!   into the same full queue would only repeat the drop.
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
-//!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
+//!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again (up to
+//!   8 times in a row; an `-EFAULT` once, since it also means memory the kernel cannot read, which
+//!   no resubmission cures).
 //! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
 //!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
@@ -214,7 +216,8 @@ struct State<B> {
 /// How long a sender on a shared ring sleeps before it looks at its inbox again.
 const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 
-/// Resubmissions of a cancelled request that sent nothing before its record fails.
+/// Resubmissions of a cancelled request that sent nothing before its record fails (an `EFAULT`
+/// is resubmitted once: see `on_first`).
 const MAX_RESUBMITS: u32 = 8;
 
 /// Fixed buffer index for `buf` when it lies in the registered `region` and policy sends it
@@ -751,11 +754,14 @@ impl<B: SendBuf> State<B> {
                 // RLIMIT_MEMLOCK (not ENOBUFS: see the module docs).
                 self.stats.enobufs += 1;
                 Then::Budget
-            } else if matches!(errno, libc::ECANCELED | libc::EFAULT)
-                && req.resubmits < MAX_RESUBMITS
-            {
+            } else if errno == libc::ECANCELED && req.resubmits < MAX_RESUBMITS {
                 // The thread that submitted a parked request exited: the kernel cancelled it
                 // having sent nothing. The socket is fine; submit it again, from this thread.
+                Then::Resubmit
+            } else if errno == libc::EFAULT && req.resubmits == 0 {
+                // Some kernels report that cancel as EFAULT, which also means memory the kernel
+                // could not read (a truncated file mapping): submitted again once, from this
+                // thread, which is alive; a second EFAULT is the memory's, and final.
                 Then::Resubmit
             } else {
                 Then::Fail(errno)
