@@ -126,10 +126,13 @@ pub(crate) enum RingRef {
     Shared(Arc<SharedRing>),
 }
 
-/// The ring, borrowed for one operation: directly, or under the shared ring's lock.
+/// The ring, borrowed for one operation: directly, or under the shared ring's lock. Dropping it
+/// frees the requests of departed senders whose last CQE the operation reaped, after the lock is
+/// released ([`Ring::take_departed`]).
 pub(crate) enum RingGuard<'a> {
     Own(&'a mut Ring),
-    Locked(MutexGuard<'a, Ring>),
+    /// `None` only inside `drop`.
+    Locked(Option<MutexGuard<'a, Ring>>),
 }
 
 impl Deref for RingGuard<'_> {
@@ -138,7 +141,7 @@ impl Deref for RingGuard<'_> {
     fn deref(&self) -> &Ring {
         match self {
             RingGuard::Own(r) => r,
-            RingGuard::Locked(g) => g,
+            RingGuard::Locked(g) => g.as_ref().expect("locked until dropped"),
         }
     }
 }
@@ -148,7 +151,28 @@ impl DerefMut for RingGuard<'_> {
     fn deref_mut(&mut self) -> &mut Ring {
         match self {
             RingGuard::Own(r) => r,
-            RingGuard::Locked(g) => g,
+            RingGuard::Locked(g) => g.as_mut().expect("locked until dropped"),
+        }
+    }
+}
+
+impl Drop for RingGuard<'_> {
+    fn drop(&mut self) {
+        match self {
+            RingGuard::Own(r) => {
+                if r.has_departed() {
+                    drop(r.take_departed());
+                }
+            }
+            RingGuard::Locked(g) => {
+                let Some(mut ring) = g.take() else {
+                    return;
+                };
+                let departed = ring.has_departed().then(|| ring.take_departed());
+                drop(ring);
+                // The buffers' own `Drop` (a pool's lock, user code) runs with the ring unlocked.
+                drop(departed);
+            }
         }
     }
 }
@@ -167,7 +191,7 @@ impl RingRef {
     pub(crate) fn get(&mut self) -> RingGuard<'_> {
         match self {
             RingRef::Own(r) => RingGuard::Own(r.get_mut()),
-            RingRef::Shared(r) => RingGuard::Locked(r.lock()),
+            RingRef::Shared(r) => RingGuard::Locked(Some(r.lock())),
         }
     }
 
@@ -213,10 +237,12 @@ impl RingRef {
 ///   ring has a slot free; cleared only once no unsubmitted SQE can name it) or through the
 ///   sender's own duplicate of the descriptor, closed only once no unsubmitted SQE can name it
 ///   (leaked if `io_uring_enter` failed), so the caller's descriptor number can be reused at once
-///   without a stale request reaching the new socket. The buffers
-///   of requests still in flight are kept (leaked, never freed, counted in
-///   [`leaked_buffers`](crate::leaked_buffers)), as are those of requests in flight when the
-///   last handle to the ring goes.
+///   without a stale request reaching the new socket. The buffers of requests still in flight are
+///   kept (counted in [`Closed::kept`](crate::Closed::kept) and
+///   [`leaked_buffers`](crate::leaked_buffers)) until the kernel's last CQE for them, which any
+///   sender still on the ring reaps; then they are dropped (a [`BufPool`] block goes back to its
+///   pool), outside the ring's lock. Those of requests in flight when the last handle to the ring
+///   goes are leaked, never freed (the kernel may still read them).
 ///
 /// [`register_pool`]: UringShared::register_pool
 /// [`Sender::readiness`]: crate::Sender::readiness

@@ -39,8 +39,9 @@
 //! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
 //!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
-//!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
-//!   leaks them (see [`sys::uring::Ring`]) and shutdown counts them.
+//!   SQE names is never reused under it. Records still in the ring after that are kept: shutdown
+//!   counts them, and the ring frees them after their last CQE, or leaks them if it is dropped
+//!   first (see [`sys::uring::Ring`]).
 //!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
 //!   (see [`sys::uring::Ring`]).
 
@@ -934,8 +935,8 @@ impl<B: SendBuf> State<B> {
         // kernel let go of its pages): one more look gives back what it can.
         self.reap(ring, out);
         // Requests still in flight: the kernel may still read their buffers and (before it issued
-        // them) their iovecs, msghdr and destination. Leaving hands them to the ring for good,
-        // which leaks them, never frees them.
+        // them) their iovecs, msghdr and destination. Leaving hands them to the ring, which frees
+        // them after their last CQE (or leaks them if it is dropped first), never earlier.
         let kept = self.held;
         ring.leave(self.owner);
         self.left = true;

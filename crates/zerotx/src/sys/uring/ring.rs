@@ -9,14 +9,14 @@
 //!   hands the box back ([`Lent::Back`]). Stored type-erased (`dyn Any + Send`: one ring carries
 //!   senders of different buffer types) beside its `TypeId`; the reaper names the type it pushed
 //!   and gets it back typed, checked by that stored id (no virtual call per CQE).
-//! - **Requests that are never handed back are leaked, never freed.** A request of an owner that
-//!   left (its sender was closed or dropped with the request in flight) is forgotten when its last
-//!   CQE arrives, and so is one still in the ring when the ring is dropped. The first keeps the
-//!   owner's word: a sender that leaves reports those buffers as kept (`Closed::kept`,
-//!   `leaked_buffers()`), and freeing them later would also run user `Drop` code on whichever
-//!   thread reaps, under the ring's lock. The second is forced: closing a ring's descriptor only
-//!   starts the kernel's teardown, which cancels and waits for requests asynchronously, so the
-//!   kernel may still read their memory after the ring is gone.
+//! - **A request is freed only after its last CQE.** A request of an owner that left (its sender
+//!   was closed or dropped with the request in flight: `Closed::kept`) stays in its slot until its
+//!   last CQE, whoever reaps it; then it moves to the *departed* list, which the caller takes
+//!   ([`Ring::take_departed`]) and drops after it let go of the ring's lock, so the buffers go
+//!   back to their owners (a `BufPool` block to its pool) and user `Drop` code never runs under
+//!   the lock. A request still in the ring when the ring is dropped is leaked, never freed:
+//!   closing a ring's descriptor only starts the kernel's teardown, which cancels and waits for
+//!   requests asynchronously, so the kernel may still read their memory after the ring is gone.
 //! - **Owners.** Each sender on a ring is an *owner*; its requests carry the owner id in the top
 //!   16 bits of `user_data` (the ring's slot of the request in the others). Whoever reaps the
 //!   completion queue hands the reaper's own CQEs to it at once and routes the others' to their
@@ -192,6 +192,8 @@ pub(crate) struct Ring {
     enters: u64,
     /// Slots of the registered file table (0: none).
     file_slots: u32,
+    /// Requests of owners that left, whose last CQE arrived: the kernel is done with them.
+    departed: Vec<Box<dyn Any + Send>>,
 }
 
 impl Ring {
@@ -223,6 +225,7 @@ impl Ring {
             pool: None,
             enters: 0,
             file_slots,
+            departed: Vec::new(),
         })
     }
 
@@ -263,15 +266,16 @@ impl Ring {
         Some(owner)
     }
 
-    /// The owner left: its requests still in flight, and those already finished but not reaped,
-    /// are leaked (see the module docs), and its id is reused once its last request finished.
+    /// The owner left: its requests already finished but not reaped go to the departed list, those
+    /// still in flight follow at their last CQE (see the module docs), and its id is reused once
+    /// its last request finished.
     pub(crate) fn leave(&mut self, owner: u16) {
         let Some(o) = owner_in(&mut self.owners, owner) else {
             return;
         };
         o.left = true;
         for cqe in o.inbox.drain(..).filter(|c| c.last) {
-            std::mem::forget(self.slots.remove(cqe.slot as usize).op);
+            self.departed.push(self.slots.remove(cqe.slot as usize).op);
             o.live -= 1;
             self.unclaimed -= 1;
         }
@@ -571,8 +575,8 @@ impl Ring {
             };
             if o.left {
                 if cqe.last {
-                    // Its sender counted it as kept: leak it (see the module docs).
-                    std::mem::forget(self.slots.remove(idx).op);
+                    // The kernel is done with it: freed once the caller let go of the lock.
+                    self.departed.push(self.slots.remove(idx).op);
                     o.live -= 1;
                     if o.live == 0 {
                         gone.push(who);
@@ -610,6 +614,17 @@ impl Ring {
         unsafe { self.ring.submitter().register_buffers(&[iov]) }?;
         self.pool = Some(pool.clone());
         Ok(())
+    }
+
+    /// Requests of owners that left whose last CQE arrived (see the module docs): the caller drops
+    /// them after it let go of the ring's lock.
+    pub(crate) fn take_departed(&mut self) -> Vec<Box<dyn Any + Send>> {
+        std::mem::take(&mut self.departed)
+    }
+
+    /// Whether [`take_departed`](Self::take_departed) has anything to give.
+    pub(crate) fn has_departed(&self) -> bool {
+        !self.departed.is_empty()
     }
 
     /// The pool registered as fixed buffer 0, if any.
@@ -804,7 +819,7 @@ mod tests {
     }
 
     #[test]
-    fn requests_of_an_owner_that_left_or_of_a_dropped_ring_are_leaked_not_freed() {
+    fn requests_of_an_owner_that_left_are_freed_after_their_last_cqe_and_a_dropped_rings_leaked() {
         let drops = Arc::new(AtomicUsize::new(0));
         let Some((_sock, op)) = setup(&drops) else {
             return;
@@ -815,15 +830,19 @@ mod tests {
         assert!(ring.push(owner, 0, op).is_ok());
         ring.submit().unwrap();
         ring.leave(owner);
-        // Another owner reaps the request's CQEs: the request is forgotten, and the id comes free.
+        // Another owner reaps the request's CQEs: the request departs, and the id comes free.
         assert!(reap_all(&mut ring, other).is_empty());
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "dropped under the ring");
+        let departed = ring.take_departed();
+        assert_eq!(departed.len(), 1);
+        drop(departed);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "freed after its last CQE");
         assert_eq!(ring.join(None), Some(owner));
         // A request still in the ring when it is dropped (here never even submitted).
         let (_sock, op) = setup(&drops).unwrap();
         assert!(ring.push(other, 0, op).is_ok());
         drop(ring);
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
