@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::buf::BufPool;
 use crate::error::Error;
-use crate::sys::uring::{Ring, MAX_REGISTERED};
+use crate::sys::uring::{JoinRefused, Ring, MAX_REGISTERED};
 
 use super::uring::UringConfig;
 
@@ -24,19 +24,40 @@ pub(crate) struct SharedRing {
 }
 
 impl SharedRing {
-    /// Creates the ring (`io_uring_setup`).
-    pub(crate) fn new(cfg: UringConfig) -> Result<Self, Error> {
-        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 {
+    /// Creates the ring (`io_uring_setup`) for one sender (`shared: false`) or for up to
+    /// `cfg.senders`.
+    pub(crate) fn new(cfg: UringConfig, shared: bool) -> Result<Self, Error> {
+        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 || cfg.senders == 0 {
             return Err(Error::Config {
-                problem: format!("UringConfig {cfg:?} has a zero entries, batch or queue limit"),
+                problem: format!(
+                    "UringConfig {cfg:?} has a zero entries, batch, queue limit or senders"
+                ),
                 fix: "give each at least 1".into(),
+            });
+        }
+        let senders = if shared { cfg.senders } else { 1 };
+        // IORING_MAX_CQ_ENTRIES: the kernel refuses a larger CQ (EINVAL).
+        const MAX_CQ: u64 = 65536;
+        if Ring::cq_size(cfg.entries, senders) > MAX_CQ {
+            return Err(Error::Config {
+                problem: format!(
+                    "UringConfig with {} entries for {senders} senders needs a completion queue \
+                     of {} entries",
+                    cfg.entries,
+                    Ring::cq_size(cfg.entries, senders)
+                ),
+                fix: format!(
+                    "io_uring's completion queue holds at most {MAX_CQ} (two per entry, three \
+                     per sender): lower UringConfig::entries or UringConfig::senders, or share \
+                     the senders among more rings"
+                ),
             });
         }
         let cfg = UringConfig {
             batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
             ..cfg
         };
-        let ring = Ring::new(cfg.entries, cfg.batch).map_err(|source| Error::Io {
+        let ring = Ring::new(cfg.entries, cfg.batch, senders).map_err(|source| Error::Io {
             context: match source.raw_os_error() {
                 Some(libc::ENOMEM) => {
                     "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
@@ -69,9 +90,12 @@ impl SharedRing {
     pub(crate) fn join(&self, fd: &OwnedFd, slot: bool) -> Result<u16, Error> {
         self.lock()
             .join(slot.then(|| fd.as_raw_fd()))
-            .ok_or_else(|| Error::Config {
-                problem: "more than 65535 senders at once on one ring".into(),
-                fix: "make another UringShared".into(),
+            .map_err(|refused| match refused {
+                JoinRefused::Ids => Error::Config {
+                    problem: "more than 65535 senders at once on one ring".into(),
+                    fix: "make another UringShared".into(),
+                },
+                JoinRefused::Places(senders) => Error::RingFull { senders },
             })
     }
 
@@ -182,7 +206,7 @@ impl RingRef {
     pub(crate) fn new(cfg: UringConfig, shared: Option<&UringShared>) -> Result<Self, Error> {
         Ok(match shared {
             Some(r) => RingRef::Shared(r.ring.clone()),
-            None => RingRef::Own(Box::new(SharedRing::new(cfg)?)),
+            None => RingRef::Own(Box::new(SharedRing::new(cfg, false)?)),
         })
     }
 
@@ -217,6 +241,12 @@ impl RingRef {
 /// completions for it. Registered buffers belong to the ring: [`register_pool`] once, and every
 /// `uring-zc` sender on it sends that pool's buffers from registered memory.
 ///
+/// - **Room.** The ring keeps room in its completion queue for up to
+///   [`UringConfig::senders`] senders at once, each sure of room for one request (a stream, whose
+///   one request in flight parks while its peer does not read, never needs more), and shares room
+///   for twice [`UringConfig::entries`] more completions among the senders that keep several
+///   requests in flight (datagram sockets), each up to `entries` requests. A sender beyond
+///   `senders` is refused with [`Error::RingFull`].
 /// - **Waiting.** Requests are entered in batches: a request pushed while others are in flight
 ///   waits in the SQ until the batch fills or someone calls [`Sender::readiness`], which enters
 ///   for every sender on the ring. Call `readiness()` right before every wait (the blocking calls
@@ -266,7 +296,7 @@ impl UringShared {
     /// Creates the ring (`io_uring_setup`).
     pub fn new(cfg: UringConfig) -> Result<Self, Error> {
         Ok(Self {
-            ring: Arc::new(SharedRing::new(cfg)?),
+            ring: Arc::new(SharedRing::new(cfg, true)?),
         })
     }
 
@@ -278,6 +308,12 @@ impl UringShared {
     /// `io_uring_enter` calls made so far, by every sender on the ring.
     pub fn enters(&self) -> u64 {
         self.ring.lock().enters()
+    }
+
+    /// Test hook: the completion queue's entries (as the kernel made it).
+    #[doc(hidden)]
+    pub fn cq_entries(&self) -> u32 {
+        self.ring.lock().cq_entries()
     }
 
     /// Test hook: queues `n` `IORING_OP_NOP`s that belong to no sender, as if another sender had

@@ -71,12 +71,17 @@ use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UringConfig {
-    /// Submission queue entries (the CQ gets twice as many).
+    /// Submission queue entries, and the requests one sender may have in flight (the CQ gets
+    /// twice as many, plus room for each sender of a shared ring).
     pub entries: u32,
     /// Buffers per request on a stream socket, and requests queued before an `io_uring_enter`.
     pub batch: usize,
     /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
     pub queue_limit: usize,
+    /// Senders a shared ring ([`UringShared`](crate::UringShared)) takes at once: its completion
+    /// queue keeps room for one request of each (three completions), so senders whose requests
+    /// are parked never take the room another sender needs. A sender's own ring takes one.
+    pub senders: u32,
 }
 
 impl UringConfig {
@@ -97,6 +102,12 @@ impl UringConfig {
         self.queue_limit = queue_limit;
         self
     }
+
+    /// Senders a shared ring takes at once.
+    pub fn with_senders(mut self, senders: u32) -> Self {
+        self.senders = senders;
+        self
+    }
 }
 
 impl Default for UringConfig {
@@ -105,6 +116,7 @@ impl Default for UringConfig {
             entries: 256,
             batch: 32,
             queue_limit: 256,
+            senders: 4096,
         }
     }
 }
@@ -205,6 +217,8 @@ struct State<B> {
     pinned: usize,
     /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
     owed: bool,
+    /// The front of `to_push` waits for room in the CQ (see [`Ring::has_room`]), not for the SQ.
+    no_place: bool,
     /// Shutting down: results are recorded, nothing more is pushed.
     closing: bool,
     /// In a batch of sends ([`Engine::batch`]): enter only for a full batch.
@@ -321,6 +335,7 @@ impl<B: SendBuf> UringEngine<B> {
                 spare: Vec::new(),
                 pinned: 0,
                 owed: false,
+                no_place: false,
                 closing: false,
                 batching: false,
                 broken: None,
@@ -364,9 +379,10 @@ impl<B: SendBuf> State<B> {
         policy::may_pin(sysu::pin_charge(bytes), self.pin_limit)
     }
 
-    /// Order, the in-flight cap and the requests waiting to be pushed let a new request form.
+    /// Order, the CQ's room for this sender and the requests waiting to be pushed let a new
+    /// request form.
     fn may_issue(&self, ring: &Ring) -> bool {
-        self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room()
+        self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room(self.owner)
     }
 
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
@@ -488,7 +504,6 @@ impl<B: SendBuf> State<B> {
         };
         if let Err((next, error)) = self.push_request(ring, next) {
             self.to_push.push_front(next);
-            self.owed = true;
             return error.map_or(Ok(false), Err);
         }
         Ok(true)
@@ -589,12 +604,12 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Pushes the requests that are due, in order. Stops, keeping the rest, when the SQ stays
-    /// full or `io_uring_enter` fails; they go at the next progress.
+    /// full, `io_uring_enter` fails or the CQ has no room for this sender; they go at the next
+    /// progress.
     fn flush_pushes(&mut self, ring: &mut Ring) -> io::Result<()> {
         while let Some(next) = self.to_push.pop_front() {
             if let Err((next, error)) = self.push_request(ring, next) {
                 self.to_push.push_front(next);
-                self.owed = true;
                 return error.map_or(Ok(()), Err);
             }
         }
@@ -602,7 +617,9 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Pushes one request for the unsent part of `next`'s record; hands it back if the SQ stayed
-    /// full (no error) or `io_uring_enter` failed.
+    /// full (no error, `owed` set: the next wait must not sleep), `io_uring_enter` failed (`owed`
+    /// too), or the CQ has no room for it (`no_place`: it waits for this sender's or another's
+    /// CQEs to be read, which the ring's fd or the shared ring's wait slice wakes for).
     #[inline]
     fn push_request(
         &mut self,
@@ -656,10 +673,17 @@ impl<B: SendBuf> State<B> {
             Ok(()) => {
                 self.in_ring += 1;
                 self.stats.syscalls += 1;
+                self.no_place = false;
                 Ok(())
             }
-            Err(Refused { op, error }) => {
+            Err(Refused {
+                op,
+                error,
+                no_place,
+            }) => {
                 // Never queued: the caller keeps the record and pushes it again later.
+                self.no_place = no_place;
+                self.owed |= !no_place;
                 let next = Next {
                     op,
                     zc: want_zc,
@@ -687,7 +711,7 @@ impl<B: SendBuf> State<B> {
         } else {
             ring.submit_if_due(self.eager())
         };
-        if submitted.is_err() || !self.to_push.is_empty() {
+        if submitted.is_err() || (!self.to_push.is_empty() && !self.no_place) {
             self.owed = true;
         }
         pushed.and(issued).and(submitted)

@@ -35,6 +35,9 @@ pub(crate) unsafe trait Op: Any + Send {
     /// What [`meta`](Op::meta) lends.
     type Meta;
 
+    /// CQEs the request posts at most.
+    const CQES: u8;
+
     /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
     /// A request on a socket names it as registered file `file` (`IOSQE_FIXED_FILE`) when given.
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry;
@@ -193,6 +196,9 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
 unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
     type Meta = M;
 
+    // Its result, and a zero-copy send's notification.
+    const CQES: u8 = super::places::SEND_CQES as u8;
+
     #[inline]
     fn meta(&mut self) -> &mut M {
         &mut self.meta
@@ -273,6 +279,8 @@ pub(crate) struct Cancel {
 unsafe impl Op for Cancel {
     type Meta = Self;
 
+    const CQES: u8 = 1;
+
     fn meta(&mut self) -> &mut Self {
         self
     }
@@ -288,6 +296,8 @@ pub(crate) struct Nop;
 // SAFETY: a NOP points at no memory.
 unsafe impl Op for Nop {
     type Meta = Self;
+
+    const CQES: u8 = 1;
 
     fn meta(&mut self) -> &mut Self {
         self

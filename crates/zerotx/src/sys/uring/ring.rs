@@ -28,12 +28,15 @@
 //! - **Submission.** `io_uring_enter` stops at the first SQE whose preparation fails (that one gets
 //!   an error CQE) and leaves the rest in the SQ ring, so what is still unsubmitted is always read
 //!   from the ring itself, never counted from what was pushed.
-//! - **Completion queue.** Its owners cap requests per ring at the SQ size ([`Ring::has_room`]:
-//!   each posts at most two CQEs; the CQ holds twice as many) when they are formed; a request
-//!   that continues a started one bypasses the cap, so the CQ can still overflow. The kernel then
-//!   keeps the extra CQEs (`IORING_FEAT_NODROP`) until an `io_uring_enter` with `GETEVENTS`: every
-//!   reap and submit enters when the ring says `IORING_SQ_CQ_OVERFLOW`, even with nothing to
-//!   submit.
+//! - **Completion queue.** Sized at setup for every CQE that can post ([`Places`]): each owner
+//!   has a reserve of room (one send request and its cancel), so owners whose requests are parked
+//!   (stream peers that do not read) never take the room another owner needs, and sends beyond
+//!   the reserve share a pool, bounded per owner. [`Ring::push`] refuses a send the room does
+//!   not cover (it waits with its owner for CQEs to be read), and [`Ring::join`] an owner the CQ
+//!   has no reserve for. Should the CQ overflow all the same (the test hooks' NOPs), the kernel
+//!   keeps the extra CQEs (`IORING_FEAT_NODROP`) until an `io_uring_enter` with `GETEVENTS`:
+//!   every reap and submit enters when the ring says `IORING_SQ_CQ_OVERFLOW`, even with nothing
+//!   to submit.
 //! - **Never spin.** Pushing into a full SQ enters the kernel once; if the SQ is still full the
 //!   request is handed back and the caller tries again at its next progress.
 //! - **Registered files** (datagram sockets only: see [`FILE_SLOTS`]). The ring registers a sparse table of [`FILE_SLOTS`] files
@@ -54,6 +57,7 @@ use io_uring::{cqueue, IoUring};
 use slab::Slab;
 
 use super::op::{Cancel, Nop, Op};
+use super::places::{Places, RESERVE};
 use crate::buf::BufPool;
 
 const OWNER_SHIFT: u32 = 48;
@@ -148,8 +152,21 @@ pub(crate) struct Completion<O> {
 pub(crate) struct Refused<O> {
     /// The request.
     pub(crate) op: Box<O>,
-    /// The `io_uring_enter` that tried to make room failed; `None`: the SQ stayed full.
+    /// The `io_uring_enter` that tried to make room failed; `None`: the SQ stayed full, or the CQ
+    /// has no room for it (`no_place`).
     pub(crate) error: Option<io::Error>,
+    /// The CQ has no room for its CQEs among its owner's (see [`Places`]): it waits for CQEs to
+    /// be read, not for the SQ.
+    pub(crate) no_place: bool,
+}
+
+/// Why [`Ring::join`] refused an owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JoinRefused {
+    /// 65535 owners are on the ring.
+    Ids,
+    /// The CQ has room reserved for this many owners, and each reserve is taken.
+    Places(usize),
 }
 
 /// A request in the ring, and the memory its SQE points at.
@@ -158,6 +175,8 @@ struct Slot {
     req: u8,
     first: bool,
     notif: bool,
+    /// CQEs of it its owner's room still counts (see [`Places`]).
+    owed: u8,
     /// The type of the value in `op`.
     ty: TypeId,
     op: Box<dyn Any + Send>,
@@ -173,6 +192,8 @@ struct Owner {
     left: bool,
     /// The registered file slot its requests name (its id), while it holds its socket.
     file: Option<u32>,
+    /// CQEs its sends may still post (see [`Places`]).
+    owed: usize,
 }
 
 /// An io_uring instance (`io_uring_setup`) shared by owners: see the module docs.
@@ -180,6 +201,8 @@ pub(crate) struct Ring {
     ring: IoUring,
     entries: u32,
     batch: usize,
+    /// The CQ's room, by owner.
+    places: Places,
     slots: Slab<Slot>,
     /// Slots whose last CQE waits in an inbox: finished, not in flight.
     unclaimed: usize,
@@ -197,14 +220,29 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    /// `io_uring_setup` with `entries` SQEs and twice as many CQEs. [`submit_if_due`] enters once
-    /// `batch` SQEs wait.
+    /// The CQEs a ring of `entries` SQEs for up to `owners` owners is set up with: a reserve per
+    /// owner, and a pool of two per SQE (see [`Places`]). The kernel rounds it up to a power of
+    /// two, and refuses more than `IORING_MAX_CQ_ENTRIES` (65536).
+    pub(crate) fn cq_size(entries: u32, owners: u32) -> u64 {
+        2 * u64::from(entries) + RESERVE as u64 * u64::from(owners)
+    }
+
+    /// `io_uring_setup` with `entries` SQEs and a CQ of [`cq_size`](Self::cq_size) for up to
+    /// `owners` owners, each of which may have up to `entries` send requests in flight.
+    /// [`submit_if_due`] enters once `batch` SQEs wait.
     ///
     /// [`submit_if_due`]: Ring::submit_if_due
-    pub(crate) fn new(entries: u32, batch: usize) -> io::Result<Self> {
-        let ring = IoUring::builder()
-            .setup_cqsize(entries.saturating_mul(2))
-            .build(entries)?;
+    pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
+        let cq = u32::try_from(Self::cq_size(entries, owners))
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
+        // The kernel's CQ is at least what was asked: the rounding goes to the pool.
+        let places = Places::new(
+            ring.params().cq_entries() as usize,
+            owners as usize,
+            2 * entries as usize,
+        )
+        .ok_or_else(|| io::Error::other("io_uring_setup made a smaller CQ than asked"))?;
         // Registered files are a saving, not a need: without the table, requests name descriptors.
         let file_slots = match FILE_SLOTS {
             0 => 0,
@@ -217,6 +255,7 @@ impl Ring {
             ring,
             entries,
             batch,
+            places,
             slots: Slab::new(),
             unclaimed: 0,
             owners: Vec::new(),
@@ -230,17 +269,22 @@ impl Ring {
     }
 
     /// A new owner: a free id (one whose owner left and whose requests all finished), or the next
-    /// never used; `None` when 65535 owners are on the ring. Its requests name `fd` through the
-    /// registered file slot of its id if there is one (see the module docs), else `fd` itself.
-    pub(crate) fn join(&mut self, fd: Option<RawFd>) -> Option<u16> {
+    /// never used. Refused when 65535 owners are on the ring, or when the CQ has no reserve left
+    /// for another (see [`Places`]). Its requests name `fd` through the registered file slot of
+    /// its id if there is one (see the module docs), else `fd` itself.
+    pub(crate) fn join(&mut self, fd: Option<RawFd>) -> Result<u16, JoinRefused> {
         let owner = match self.free_ids.pop() {
             Some(id) => id,
             None if self.next_owner < NOBODY => {
                 self.next_owner += 1;
                 self.next_owner - 1
             }
-            None => return None,
+            None => return Err(JoinRefused::Ids),
         };
+        if !self.places.join() {
+            self.free_ids.push(owner);
+            return Err(JoinRefused::Places(self.places.max_owners()));
+        }
         let i = usize::from(owner);
         if self.owners.len() <= i {
             self.owners.resize_with(i + 1, || None);
@@ -262,8 +306,9 @@ impl Ring {
             live: 0,
             left: false,
             file,
+            owed: 0,
         });
-        Some(owner)
+        Ok(owner)
     }
 
     /// The owner left: its requests already finished but not reaped go to the departed list, those
@@ -286,9 +331,15 @@ impl Ring {
             self.release_file(owner);
         }
         if live == 0 {
-            self.owners[usize::from(owner)] = None;
-            self.free_ids.push(owner);
+            self.gone(owner);
         }
+    }
+
+    /// `owner` left and its last request finished: its id and its reserve come free.
+    fn gone(&mut self, owner: u16) {
+        self.owners[usize::from(owner)] = None;
+        self.free_ids.push(owner);
+        self.places.leave();
     }
 
     /// Clears `owner`'s registered file slot, which no SQE in the SQ may name any more. If the
@@ -324,9 +375,15 @@ impl Ring {
         self.enters
     }
 
-    /// Requests may be added without overflowing the CQ.
-    pub(crate) fn has_room(&self) -> bool {
-        self.in_flight() < self.entries as usize
+    /// `owner` may push a send request: the CQ has room for its CQEs (see [`Places`]).
+    pub(crate) fn has_room(&self, owner: u16) -> bool {
+        let owed = self.owners.get(usize::from(owner)).and_then(Option::as_ref);
+        owed.is_some_and(|o| self.places.has_room(o.owed))
+    }
+
+    /// CQ entries (as the kernel made the CQ).
+    pub(crate) fn cq_entries(&self) -> u32 {
+        self.ring.params().cq_entries()
     }
 
     /// SQEs in the SQ ring that the kernel has not consumed, every owner's.
@@ -339,15 +396,24 @@ impl Ring {
         self.ring.submission().cq_overflow()
     }
 
-    /// Queues `op` for `owner` as its request `req` (the tag its CQEs will carry). A full SQ is
-    /// met with one `io_uring_enter`; if it is still full, or that enter failed, `op` comes back
-    /// unqueued. The ring keeps a queued `op` until its last CQE.
+    /// Queues `op` for `owner` as its request `req` (the tag its CQEs will carry). A send (any
+    /// request of an owner but its [`CANCEL`]) the CQ has no room for comes back unqueued
+    /// (`no_place`). A full SQ is met with one `io_uring_enter`; if it is still full, or that
+    /// enter failed, `op` comes back unqueued. The ring keeps a queued `op` until its last CQE.
     pub(crate) fn push<O: Op>(
         &mut self,
         owner: u16,
         req: u8,
         mut op: Box<O>,
     ) -> Result<(), Refused<O>> {
+        let counted = owner != NOBODY && req != CANCEL;
+        if counted && !self.has_room(owner) {
+            return Err(Refused {
+                op,
+                error: None,
+                no_place: true,
+            });
+        }
         let slot = self.slots.vacant_key();
         debug_assert!(slot < NO_SLOT as usize, "slot {slot} does not fit a Cqe");
         debug_assert!(req < UNKNOWN || req == CANCEL, "tag {req} is reserved");
@@ -362,24 +428,35 @@ impl Ring {
         // queued.
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             if let Err(e) = self.submit() {
-                return Err(Refused { op, error: Some(e) });
+                return Err(Refused {
+                    op,
+                    error: Some(e),
+                    no_place: false,
+                });
             }
             // SAFETY: as above (`submit` enters the kernel but changes no slot).
             if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                return Err(Refused { op, error: None });
+                return Err(Refused {
+                    op,
+                    error: None,
+                    no_place: false,
+                });
             }
         }
+        let owed = if counted { O::CQES } else { 0 };
         let key = self.slots.insert(Slot {
             owner,
             req,
             first: false,
             notif: false,
+            owed,
             ty: TypeId::of::<O>(),
             op,
         });
         debug_assert_eq!(key, slot);
-        if let Some(o) = self.owner(owner) {
+        if let Some(o) = owner_in(&mut self.owners, owner) {
             o.live += 1;
+            self.places.take(&mut o.owed, usize::from(owed));
         }
         Ok(())
     }
@@ -555,6 +632,8 @@ impl Ring {
                 last: false,
             };
             let who = cqe.owner;
+            // CQEs read from the CQ: the room they took is free (all of it at the last).
+            let mut read = 0;
             if let Some(s) = self.slots.get_mut(idx).filter(|s| s.owner == who) {
                 if cqe.is_notif() {
                     s.notif = true;
@@ -565,6 +644,8 @@ impl Ring {
                 cqe.req = s.req;
                 cqe.last = s.first && s.notif;
                 cqe.slot = idx as u32;
+                read = if cqe.last { s.owed } else { s.owed.min(1) };
+                s.owed -= read;
             }
             let Some(o) = owner_in(&mut self.owners, who) else {
                 // No owner: a test hook's request, dropped (the kernel is done with it).
@@ -573,6 +654,7 @@ impl Ring {
                 }
                 continue;
             };
+            self.places.give(&mut o.owed, usize::from(read));
             if o.left {
                 if cqe.last {
                     // The kernel is done with it: freed once the caller let go of the lock.
@@ -595,8 +677,7 @@ impl Ring {
         for who in gone {
             // Its last request finished: no SQE names its slot any more.
             self.release_file(who);
-            self.owners[usize::from(who)] = None;
-            self.free_ids.push(who);
+            self.gone(who);
         }
     }
 
@@ -772,7 +853,7 @@ mod tests {
         let Some((_sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(8, 4).unwrap();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         assert!(ring.push(owner, 5, op).is_ok());
         ring.submit().unwrap();
@@ -804,7 +885,7 @@ mod tests {
         let Some((sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(8, 4).unwrap();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         assert!(ring.push(owner, 0, op).is_ok());
         ring.submit().unwrap();
@@ -824,7 +905,7 @@ mod tests {
         let Some((_sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(8, 4).unwrap();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         let other = ring.join(None).unwrap();
         assert!(ring.push(owner, 0, op).is_ok());
@@ -837,7 +918,7 @@ mod tests {
         assert_eq!(departed.len(), 1);
         drop(departed);
         assert_eq!(drops.load(Ordering::SeqCst), 1, "freed after its last CQE");
-        assert_eq!(ring.join(None), Some(owner));
+        assert_eq!(ring.join(None), Ok(owner));
         // A request still in the ring when it is dropped (here never even submitted).
         let (_sock, op) = setup(&drops).unwrap();
         assert!(ring.push(other, 0, op).is_ok());
@@ -883,7 +964,7 @@ mod tests {
     #[test]
     fn a_file_slot_outlives_the_sqes_that_name_it() {
         let drops = Arc::new(AtomicUsize::new(0));
-        let mut ring = Ring::new(8, 8).unwrap();
+        let mut ring = Ring::new(8, 8, 4).unwrap();
         if ring.file_slots == 0 {
             eprintln!("SKIPPED: no sparse registered file table (5.19)");
             return;
@@ -930,7 +1011,7 @@ mod tests {
         let Some((_sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(1, 4).unwrap();
+        let mut ring = Ring::new(1, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         assert!(ring.push_nop().unwrap());
         // The push enters once to make room: inject a failure, then a full SQ.
