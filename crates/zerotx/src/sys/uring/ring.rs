@@ -129,7 +129,7 @@ impl Cqe {
 /// requests of type `O` (and perhaps others, such as its cancel).
 pub(crate) enum Lent<'a, O: Op> {
     /// Not its last CQE: the request stays in the ring, which lends only its [`Op::meta`] (the
-    /// part no SQE points at).
+    /// part no SQE points at), never a reference to the whole request.
     Live(&'a mut O::Meta),
     /// Its last CQE: the request, handed back.
     Back(Box<O>),
@@ -745,22 +745,16 @@ fn lend<O: Op>(
         let op = unsafe { Box::from_raw(Box::into_raw(op).cast::<O>()) };
         apply(cqe, Lent::Back(op));
     } else if ours {
-        // SAFETY: as above, the value is an `O`.
-        let op = unsafe { as_op::<O>(&mut *slots[idx].op) };
-        apply(cqe, Lent::Live(op.meta()));
+        // The request's address, with no reference to it formed: the kernel may be reading it.
+        let value = std::ptr::addr_of_mut!(*slots[idx].op).cast::<O>();
+        // SAFETY: the value is an `O` (as above), alive in its box while its slot holds it, which
+        // it does while `apply` runs (nothing else touches the slots meanwhile). `Op::meta`
+        // points at the part no SQE points at, and this is the only reference to it.
+        let meta = unsafe { &mut *O::meta(value) };
+        apply(cqe, Lent::Live(meta));
     } else {
         apply(cqe, Lent::Other);
     }
-}
-
-/// `value` as the `O` it is, borrowed as long as `value` is (so the slot cannot be touched while
-/// the request is lent).
-///
-/// # Safety
-/// `value` must be an `O` (its slot's `TypeId` is `O`'s).
-unsafe fn as_op<O: Op>(value: &mut (dyn Any + Send)) -> &mut O {
-    // SAFETY: the caller's promise; the thin pointer keeps the value's address.
-    unsafe { &mut *(value as *mut (dyn Any + Send)).cast::<O>() }
 }
 
 impl Drop for Ring {
