@@ -83,3 +83,45 @@ fn a_departed_senders_buffers_return_to_the_pool_once_the_kernel_let_go() {
         drop(closed.fd);
     }
 }
+
+/// Issue 34 item 3, on a sender's own ring: closed with pool blocks kept, its ring cannot be
+/// dropped (the kernel may still read them). Once the peer read everything, every block is back
+/// in the pool by the time later senders are made (each new ring reaps the ones left behind).
+#[test]
+fn a_closed_senders_own_ring_gives_its_buffers_back_once_the_kernel_let_go() {
+    let pool = BufPool::new(64 * KIB, BLOCKS).unwrap();
+    let (c, mut p) = stalled_pair();
+    let mut tx: Sender<PooledBuf> = Sender::new(c, EngineKind::UringZc).unwrap();
+    for i in 0..BLOCKS {
+        let mut b = pool.take().unwrap();
+        fill(&mut b, (i * 64 * KIB) as u64);
+        tx.try_send(b.freeze(64 * KIB)).unwrap();
+    }
+    let closed = tx.close(Duration::from_millis(100));
+    assert!(closed.kept > 0, "nothing kept: {closed:?}");
+    drop(closed.released);
+    let mut got = Received::default();
+    let mut buf = vec![0u8; 64 * KIB];
+    loop {
+        match p.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.take(&buf[..n], true),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => panic!("reading: {e}"),
+        }
+    }
+    assert_eq!(got.mismatches, 0, "{got:?}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while pool.available() < BLOCKS && Instant::now() < deadline {
+        let (sock, _peer) = tcp_pair(false, Peer::default());
+        drop(Sender::<Vec<u8>>::new(sock, EngineKind::Uring).unwrap());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        pool.available(),
+        BLOCKS,
+        "pool at {} of {BLOCKS} after the kernel let go of every block",
+        pool.available()
+    );
+    drop(closed.fd);
+}

@@ -84,6 +84,11 @@ impl SharedRing {
         self.ring.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The ring itself, for the last owner that leaves it.
+    fn into_ring(self) -> Ring {
+        self.ring.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Joins the ring as a new owner whose requests go to `fd`: by its registered file slot when
     /// `slot` and the ring has one free (see [`Ring`]), else by the descriptor. Only datagram
     /// sockets take a slot (see `FILE_SLOTS` in `sys::uring`).
@@ -148,6 +153,8 @@ pub(crate) enum RingRef {
     Own(Box<SharedRing>),
     /// A ring other senders may use at the same time, locked per operation.
     Shared(Arc<SharedRing>),
+    /// The sender's own ring, handed on when the sender was dropped ([`RingRef::release`]).
+    Gone,
 }
 
 /// The ring, borrowed for one operation: directly, or under the shared ring's lock. Dropping it
@@ -216,6 +223,7 @@ impl RingRef {
         match self {
             RingRef::Own(r) => RingGuard::Own(r.get_mut()),
             RingRef::Shared(r) => RingGuard::Locked(Some(r.lock())),
+            RingRef::Gone => unreachable!("the ring goes only when its sender is dropped"),
         }
     }
 
@@ -224,6 +232,20 @@ impl RingRef {
         match self {
             RingRef::Own(r) => r,
             RingRef::Shared(r) => r,
+            RingRef::Gone => unreachable!("the ring goes only when its sender is dropped"),
+        }
+    }
+
+    /// The sender that is being dropped left the ring: its own ring, if requests of it are still
+    /// in flight, is adopted until they finish (see `sys::uring::adopt`) rather than dropped, which
+    /// would leak them. A shared ring stays with its other handles.
+    pub(crate) fn release(&mut self) {
+        if let RingRef::Own(r) = self {
+            if r.get_mut().in_flight() > 0 {
+                if let RingRef::Own(r) = std::mem::replace(self, RingRef::Gone) {
+                    crate::sys::uring::adopt(r.into_ring());
+                }
+            }
         }
     }
 

@@ -40,8 +40,8 @@
 //!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
 //!   SQE names is never reused under it. Records still in the ring after that are kept: shutdown
-//!   counts them, and the ring frees them after their last CQE, or leaks them if it is dropped
-//!   first (see [`sys::uring::Ring`]).
+//!   counts them, and the ring frees them after their last CQE (a sender's own ring is kept for
+//!   that after the sender is dropped: see [`sys::uring::Ring`]).
 //!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
 //!   (see [`sys::uring::Ring`]).
 
@@ -980,6 +980,8 @@ impl<B> Drop for UringEngine<B> {
             // reused.
             std::mem::forget(self.st.fd.take());
         }
+        // Records still in the kernel's hands are freed after their last CQE, never before.
+        self.ring.release();
     }
 }
 

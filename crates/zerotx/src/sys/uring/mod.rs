@@ -5,6 +5,8 @@
 //!   tolerating `EBUSY`, flushing overflowed completions) and registers buffers.
 //! - [`SendOp`] and the other requests (`op.rs`): each owns the memory its SQE points at and
 //!   builds that SQE itself, so pushing one is safe.
+//! - Rings whose senders all left with requests in flight (`orphans.rs`): kept and reaped until
+//!   those finish, so their buffers are freed after the kernel's last CQE rather than leaked.
 //! - The completion queue's room (`places.rs`): a reserve per owner and a pool bounded per owner,
 //!   so the CQ never overflows and owners whose requests are parked never starve the others.
 //! - The probes (below): which opcodes and flags this kernel has, asked once per process; what
@@ -15,10 +17,12 @@
 //! through signals.
 
 mod op;
+mod orphans;
 mod places;
 mod ring;
 
 pub(crate) use op::{SendKind, SendOp};
+pub(crate) use orphans::adopt;
 pub(crate) use ring::{Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_REGISTERED};
 
 use std::cell::Cell;

@@ -17,6 +17,8 @@
 //!   the lock. A request still in the ring when the ring is dropped is leaked, never freed:
 //!   closing a ring's descriptor only starts the kernel's teardown, which cancels and waits for
 //!   requests asynchronously, so the kernel may still read their memory after the ring is gone.
+//!   A sender's own ring closed with requests in flight is therefore not dropped but adopted
+//!   (`orphans.rs`) until they finish.
 //! - **Owners.** Each sender on a ring is an *owner*; its requests carry the owner id in the top
 //!   16 bits of `user_data` (the ring's slot of the request in the others). Whoever reaps the
 //!   completion queue hands the reaper's own CQEs to it at once and routes the others' to their
@@ -233,6 +235,8 @@ impl Ring {
     ///
     /// [`submit_if_due`]: Ring::submit_if_due
     pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
+        // A new sender's ring: the time to look at the rings left with requests in flight.
+        super::orphans::collect();
         let cq = u32::try_from(Self::cq_size(entries, owners))
             .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
