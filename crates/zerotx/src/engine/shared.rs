@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::buf::BufPool;
 use crate::error::Error;
-use crate::sys::uring::{JoinRefused, Ring, MAX_REGISTERED};
+use crate::sys::uring::{JoinRefused, Ring, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
 use super::uring::UringConfig;
 
@@ -36,20 +36,12 @@ impl SharedRing {
             });
         }
         let senders = if shared { cfg.senders } else { 1 };
-        // IORING_MAX_CQ_ENTRIES: the kernel refuses a larger CQ (EINVAL).
-        const MAX_CQ: u64 = 65536;
-        if Ring::cq_size(cfg.entries, senders) > MAX_CQ {
+        if Ring::cq_size(cfg.entries, senders).is_none() {
             return Err(Error::Config {
-                problem: format!(
-                    "UringConfig with {} entries for {senders} senders needs a completion queue \
-                     of {} entries",
-                    cfg.entries,
-                    Ring::cq_size(cfg.entries, senders)
-                ),
+                problem: format!("UringConfig::senders {senders} for one shared ring"),
                 fix: format!(
-                    "io_uring's completion queue holds at most {MAX_CQ} (two per entry, three \
-                     per sender): lower UringConfig::entries or UringConfig::senders, or share \
-                     the senders among more rings"
+                    "io_uring's completion queue holds at most {MAX_CQ_ENTRIES} entries and keeps \
+                     three for each sender: share the senders among more rings"
                 ),
             });
         }
@@ -266,8 +258,9 @@ impl RingRef {
 /// - **Room.** The ring keeps room in its completion queue for up to
 ///   [`UringConfig::senders`] senders at once, each sure of room for one request (a stream, whose
 ///   one request in flight parks while its peer does not read, never needs more), and shares room
-///   for twice [`UringConfig::entries`] more completions among the senders that keep several
-///   requests in flight (datagram sockets), each up to `entries` requests. A sender beyond
+///   for twice [`UringConfig::entries`] more completions (less where io_uring's limit of 65536
+///   cuts it) among the senders that keep several requests in flight (datagram sockets), each up
+///   to `entries` requests. A sender beyond
 ///   `senders` is refused with [`Error::RingFull`].
 /// - **Waiting.** Requests are entered in batches: a request pushed while others are in flight
 ///   waits in the SQ until the batch fills or someone calls [`Sender::readiness`], which enters

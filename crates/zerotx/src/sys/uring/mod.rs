@@ -23,7 +23,9 @@ mod ring;
 
 pub(crate) use op::{SendKind, SendOp};
 pub(crate) use orphans::adopt;
-pub(crate) use ring::{Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_REGISTERED};
+pub(crate) use ring::{
+    Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_CQ_ENTRIES, MAX_REGISTERED,
+};
 
 use std::cell::Cell;
 use std::io;

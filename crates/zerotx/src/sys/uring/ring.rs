@@ -59,7 +59,7 @@ use io_uring::{cqueue, IoUring};
 use slab::Slab;
 
 use super::op::{Cancel, Nop, Op};
-use super::places::{Places, RESERVE};
+use super::places::{Places, RESERVE, SEND_CQES};
 use crate::buf::BufPool;
 
 const OWNER_SHIFT: u32 = 48;
@@ -72,6 +72,8 @@ pub(crate) const CANCEL: u8 = u8::MAX;
 pub(crate) const UNKNOWN: u8 = u8::MAX - 1;
 /// The slot of such a CQE.
 const NO_SLOT: u32 = u32::MAX;
+/// `IORING_MAX_CQ_ENTRIES`: the kernel refuses a larger CQ (`EINVAL`).
+pub(crate) const MAX_CQ_ENTRIES: u32 = 65536;
 /// io_uring registers at most this much memory per buffer (`IORING_REGISTER_BUFFERS` answers
 /// `EFAULT` above it).
 pub(crate) const MAX_REGISTERED: usize = 1 << 30;
@@ -223,10 +225,15 @@ pub(crate) struct Ring {
 
 impl Ring {
     /// The CQEs a ring of `entries` SQEs for up to `owners` owners is set up with: a reserve per
-    /// owner, and a pool of two per SQE (see [`Places`]). The kernel rounds it up to a power of
-    /// two, and refuses more than `IORING_MAX_CQ_ENTRIES` (65536).
-    pub(crate) fn cq_size(entries: u32, owners: u32) -> u64 {
-        2 * u64::from(entries) + RESERVE as u64 * u64::from(owners)
+    /// owner, and a pool of two per SQE (see [`Places`]), at most [`MAX_CQ_ENTRIES`] (the pool is
+    /// smaller then). The kernel rounds it up to a power of two. `None` if the reserves and one
+    /// more request do not fit.
+    pub(crate) fn cq_size(entries: u32, owners: u32) -> Option<u32> {
+        let reserves = RESERVE as u64 * u64::from(owners);
+        if reserves + SEND_CQES as u64 > u64::from(MAX_CQ_ENTRIES) {
+            return None;
+        }
+        Some((2 * u64::from(entries) + reserves).min(u64::from(MAX_CQ_ENTRIES)) as u32)
     }
 
     /// `io_uring_setup` with `entries` SQEs and a CQ of [`cq_size`](Self::cq_size) for up to
@@ -237,8 +244,8 @@ impl Ring {
     pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
         // A new sender's ring: the time to look at the rings left with requests in flight.
         super::orphans::collect();
-        let cq = u32::try_from(Self::cq_size(entries, owners))
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let cq = Self::cq_size(entries, owners)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
         // The kernel's CQ is at least what was asked: the rounding goes to the pool.
         let places = Places::new(
@@ -835,6 +842,16 @@ mod tests {
             crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_millis(50))).unwrap();
         }
         panic!("requests still in flight after 5 s");
+    }
+
+    /// The CQ holds a reserve per owner and two CQEs per SQE, within the kernel's limit, which
+    /// only the pool gives way to.
+    #[test]
+    fn the_cq_is_sized_by_what_can_post() {
+        assert_eq!(Ring::cq_size(256, 4096), Some(512 + 3 * 4096));
+        assert_eq!(Ring::cq_size(32768, 1), Some(MAX_CQ_ENTRIES));
+        assert_eq!(Ring::cq_size(8, 21844), Some(MAX_CQ_ENTRIES));
+        assert_eq!(Ring::cq_size(8, 21845), None);
     }
 
     /// The CQE routing passes a `Cqe` and a `Lent` by value per completion: at 16 bytes each they
