@@ -147,6 +147,48 @@ mod tests {
         assert_eq!(p.pool_used, 0);
     }
 
+    proptest::proptest! {
+        /// Any order of joins, pushes and CQEs read: what is owed never exceeds the CQ (with one
+        /// cancel per owner), no owner exceeds its bound, and an owner with nothing owed always
+        /// has room for a send.
+        #[test]
+        fn the_cq_never_overflows_and_an_idle_owner_always_has_room(
+            steps in proptest::collection::vec((0usize..6, 0u8..3), 1..400),
+        ) {
+            let (cq, max, per) = (40, 6, 16);
+            let mut p = Places::new(cq, max, per).unwrap();
+            let mut owed: Vec<Option<usize>> = vec![None; max];
+            for (who, what) in steps {
+                match (owed[who], what) {
+                    (None, _) => {
+                        proptest::prop_assert!(p.join());
+                        owed[who] = Some(0);
+                    }
+                    (Some(mut o), 0) => {
+                        proptest::prop_assert!(o > 0 || p.has_room(o));
+                        if p.has_room(o) {
+                            p.take(&mut o, SEND_CQES);
+                        }
+                        owed[who] = Some(o);
+                    }
+                    (Some(mut o), 1) if o > 0 => {
+                        p.give(&mut o, 1);
+                        owed[who] = Some(o);
+                    }
+                    (Some(0), _) => {
+                        p.leave();
+                        owed[who] = None;
+                    }
+                    (Some(_), _) => {}
+                }
+                let all: usize = owed.iter().flatten().sum();
+                let owners = owed.iter().flatten().count();
+                proptest::prop_assert!(all + owners <= cq, "{all} owed by {owners} owners");
+                proptest::prop_assert!(owed.iter().flatten().all(|&o| o <= per));
+            }
+        }
+    }
+
     /// A CQ that cannot hold the reserves is refused.
     #[test]
     fn a_cq_too_small_for_the_reserves_is_refused() {
