@@ -90,6 +90,17 @@ pub enum Error {
         /// Buffers still held.
         outstanding: usize,
     },
+    /// A shared io_uring ([`UringShared`](crate::UringShared)) has room for `senders` senders at
+    /// once, and each is taken.
+    #[error(
+        "the shared io_uring keeps completion-queue room for {senders} senders and every one is \
+         taken: close a sender first, make another UringShared, or make the ring with \
+         UringConfig::with_senders"
+    )]
+    RingFull {
+        /// Senders the ring takes at once.
+        senders: usize,
+    },
     /// A system call failed.
     #[error("{context}: {source}")]
     Io {
@@ -109,6 +120,7 @@ impl From<Error> for io::Error {
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::Config { .. } => io::ErrorKind::InvalidInput,
             Error::TimedOut { .. } => io::ErrorKind::TimedOut,
+            Error::RingFull { .. } => io::ErrorKind::Other,
             Error::Io { source, .. } => source.kind(),
         };
         io::Error::new(kind, e)

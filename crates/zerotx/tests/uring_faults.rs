@@ -506,8 +506,9 @@ fn a_pool_over_1_gib_is_refused_with_the_limit_named() {
 }
 
 /// Defect 11: completions that overflowed the CQ wait in the kernel until an `io_uring_enter` with
-/// `GETEVENTS`; with nothing to submit, the sender must still enter to get them. The ring caps
-/// requests at its CQ size, so the overflow is made with another owner's NOPs (real CQEs).
+/// `GETEVENTS`; with nothing to submit, the sender must still enter to get them. The ring keeps
+/// its requests within the CQ's room, so the overflow is made with another owner's NOPs (real
+/// CQEs).
 #[test]
 fn completions_that_overflowed_the_cq_are_flushed() {
     let ring = ring(4, 4);
@@ -518,8 +519,8 @@ fn completions_that_overflowed_the_cq_are_flushed() {
     let reader = read_later(peer, go, total, got_tx);
     let mut tx = Sender::with_config(client, shared(EngineKind::Uring, &ring)).unwrap();
     tx.send(patterned(total as usize, 0)).unwrap();
-    // Eight NOP completions fill the CQ (twice the SQ size).
-    ring.inject_nops(8, true).unwrap();
+    // NOP completions fill the CQ.
+    ring.inject_nops(ring.cq_entries(), true).unwrap();
     // The request completes once the peer read everything: its CQE overflows.
     go_tx.send(()).unwrap();
     got.recv_timeout(Duration::from_secs(10))

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::buf::BufPool;
 use crate::error::Error;
-use crate::sys::uring::{Ring, MAX_REGISTERED};
+use crate::sys::uring::{JoinRefused, Ring, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
 use super::uring::UringConfig;
 
@@ -24,19 +24,32 @@ pub(crate) struct SharedRing {
 }
 
 impl SharedRing {
-    /// Creates the ring (`io_uring_setup`).
-    pub(crate) fn new(cfg: UringConfig) -> Result<Self, Error> {
-        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 {
+    /// Creates the ring (`io_uring_setup`) for one sender (`shared: false`) or for up to
+    /// `cfg.senders`.
+    pub(crate) fn new(cfg: UringConfig, shared: bool) -> Result<Self, Error> {
+        if cfg.entries == 0 || cfg.batch == 0 || cfg.queue_limit == 0 || cfg.senders == 0 {
             return Err(Error::Config {
-                problem: format!("UringConfig {cfg:?} has a zero entries, batch or queue limit"),
+                problem: format!(
+                    "UringConfig {cfg:?} has a zero entries, batch, queue limit or senders"
+                ),
                 fix: "give each at least 1".into(),
+            });
+        }
+        let senders = if shared { cfg.senders } else { 1 };
+        if Ring::cq_size(cfg.entries, senders).is_none() {
+            return Err(Error::Config {
+                problem: format!("UringConfig::senders {senders} for one shared ring"),
+                fix: format!(
+                    "io_uring's completion queue holds at most {MAX_CQ_ENTRIES} entries and keeps \
+                     three for each sender: share the senders among more rings"
+                ),
             });
         }
         let cfg = UringConfig {
             batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
             ..cfg
         };
-        let ring = Ring::new(cfg.entries, cfg.batch).map_err(|source| Error::Io {
+        let ring = Ring::new(cfg.entries, cfg.batch, senders).map_err(|source| Error::Io {
             context: match source.raw_os_error() {
                 Some(libc::ENOMEM) => {
                     "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
@@ -63,15 +76,23 @@ impl SharedRing {
         self.ring.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The ring itself, for the last owner that leaves it.
+    fn into_ring(self) -> Ring {
+        self.ring.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Joins the ring as a new owner whose requests go to `fd`: by its registered file slot when
     /// `slot` and the ring has one free (see [`Ring`]), else by the descriptor. Only datagram
     /// sockets take a slot (see `FILE_SLOTS` in `sys::uring`).
     pub(crate) fn join(&self, fd: &OwnedFd, slot: bool) -> Result<u16, Error> {
         self.lock()
             .join(slot.then(|| fd.as_raw_fd()))
-            .ok_or_else(|| Error::Config {
-                problem: "more than 65535 senders at once on one ring".into(),
-                fix: "make another UringShared".into(),
+            .map_err(|refused| match refused {
+                JoinRefused::Ids => Error::Config {
+                    problem: "more than 65535 senders at once on one ring".into(),
+                    fix: "make another UringShared".into(),
+                },
+                JoinRefused::Places(senders) => Error::RingFull { senders },
             })
     }
 
@@ -124,12 +145,17 @@ pub(crate) enum RingRef {
     Own(Box<SharedRing>),
     /// A ring other senders may use at the same time, locked per operation.
     Shared(Arc<SharedRing>),
+    /// The sender's own ring, handed on when the sender was dropped ([`RingRef::release`]).
+    Gone,
 }
 
-/// The ring, borrowed for one operation: directly, or under the shared ring's lock.
+/// The ring, borrowed for one operation: directly, or under the shared ring's lock. Dropping it
+/// frees the requests of departed senders whose last CQE the operation reaped, after the lock is
+/// released ([`Ring::take_departed`]).
 pub(crate) enum RingGuard<'a> {
     Own(&'a mut Ring),
-    Locked(MutexGuard<'a, Ring>),
+    /// `None` only inside `drop`.
+    Locked(Option<MutexGuard<'a, Ring>>),
 }
 
 impl Deref for RingGuard<'_> {
@@ -138,7 +164,7 @@ impl Deref for RingGuard<'_> {
     fn deref(&self) -> &Ring {
         match self {
             RingGuard::Own(r) => r,
-            RingGuard::Locked(g) => g,
+            RingGuard::Locked(g) => g.as_ref().expect("locked until dropped"),
         }
     }
 }
@@ -148,7 +174,28 @@ impl DerefMut for RingGuard<'_> {
     fn deref_mut(&mut self) -> &mut Ring {
         match self {
             RingGuard::Own(r) => r,
-            RingGuard::Locked(g) => g,
+            RingGuard::Locked(g) => g.as_mut().expect("locked until dropped"),
+        }
+    }
+}
+
+impl Drop for RingGuard<'_> {
+    fn drop(&mut self) {
+        match self {
+            RingGuard::Own(r) => {
+                if r.has_departed() {
+                    drop(r.take_departed());
+                }
+            }
+            RingGuard::Locked(g) => {
+                let Some(mut ring) = g.take() else {
+                    return;
+                };
+                let departed = ring.has_departed().then(|| ring.take_departed());
+                drop(ring);
+                // The buffers' own `Drop` (a pool's lock, user code) runs with the ring unlocked.
+                drop(departed);
+            }
         }
     }
 }
@@ -158,7 +205,7 @@ impl RingRef {
     pub(crate) fn new(cfg: UringConfig, shared: Option<&UringShared>) -> Result<Self, Error> {
         Ok(match shared {
             Some(r) => RingRef::Shared(r.ring.clone()),
-            None => RingRef::Own(Box::new(SharedRing::new(cfg)?)),
+            None => RingRef::Own(Box::new(SharedRing::new(cfg, false)?)),
         })
     }
 
@@ -167,7 +214,8 @@ impl RingRef {
     pub(crate) fn get(&mut self) -> RingGuard<'_> {
         match self {
             RingRef::Own(r) => RingGuard::Own(r.get_mut()),
-            RingRef::Shared(r) => RingGuard::Locked(r.lock()),
+            RingRef::Shared(r) => RingGuard::Locked(Some(r.lock())),
+            RingRef::Gone => unreachable!("the ring goes only when its sender is dropped"),
         }
     }
 
@@ -176,6 +224,20 @@ impl RingRef {
         match self {
             RingRef::Own(r) => r,
             RingRef::Shared(r) => r,
+            RingRef::Gone => unreachable!("the ring goes only when its sender is dropped"),
+        }
+    }
+
+    /// The sender that is being dropped left the ring: its own ring, if requests of it are still
+    /// in flight, is adopted until they finish (see `sys::uring::adopt`) rather than dropped, which
+    /// would leak them. A shared ring stays with its other handles.
+    pub(crate) fn release(&mut self) {
+        if let RingRef::Own(r) = self {
+            if r.get_mut().in_flight() > 0 {
+                if let RingRef::Own(r) = std::mem::replace(self, RingRef::Gone) {
+                    crate::sys::uring::adopt(r.into_ring());
+                }
+            }
         }
     }
 
@@ -193,6 +255,13 @@ impl RingRef {
 /// completions for it. Registered buffers belong to the ring: [`register_pool`] once, and every
 /// `uring-zc` sender on it sends that pool's buffers from registered memory.
 ///
+/// - **Room.** The ring keeps room in its completion queue for up to
+///   [`UringConfig::senders`] senders at once, each sure of room for one request (a stream, whose
+///   one request in flight parks while its peer does not read, never needs more), and shares room
+///   for twice [`UringConfig::entries`] more completions (less where io_uring's limit of 65536
+///   cuts it) among the senders that keep several requests in flight (datagram sockets), each up
+///   to `entries` requests. A sender beyond
+///   `senders` is refused with [`Error::RingFull`].
 /// - **Waiting.** Requests are entered in batches: a request pushed while others are in flight
 ///   waits in the SQ until the batch fills or someone calls [`Sender::readiness`], which enters
 ///   for every sender on the ring. Call `readiness()` right before every wait (the blocking calls
@@ -213,10 +282,12 @@ impl RingRef {
 ///   ring has a slot free; cleared only once no unsubmitted SQE can name it) or through the
 ///   sender's own duplicate of the descriptor, closed only once no unsubmitted SQE can name it
 ///   (leaked if `io_uring_enter` failed), so the caller's descriptor number can be reused at once
-///   without a stale request reaching the new socket. The buffers
-///   of requests still in flight are kept (leaked, never freed, counted in
-///   [`leaked_buffers`](crate::leaked_buffers)), as are those of requests in flight when the
-///   last handle to the ring goes.
+///   without a stale request reaching the new socket. The buffers of requests still in flight are
+///   kept (counted in [`Closed::kept`](crate::Closed::kept) and
+///   [`leaked_buffers`](crate::leaked_buffers)) until the kernel's last CQE for them, which any
+///   sender still on the ring reaps; then they are dropped (a [`BufPool`] block goes back to its
+///   pool), outside the ring's lock. Those of requests in flight when the last handle to the ring
+///   goes are leaked, never freed (the kernel may still read them).
 ///
 /// [`register_pool`]: UringShared::register_pool
 /// [`Sender::readiness`]: crate::Sender::readiness
@@ -240,7 +311,7 @@ impl UringShared {
     /// Creates the ring (`io_uring_setup`).
     pub fn new(cfg: UringConfig) -> Result<Self, Error> {
         Ok(Self {
-            ring: Arc::new(SharedRing::new(cfg)?),
+            ring: Arc::new(SharedRing::new(cfg, true)?),
         })
     }
 
@@ -252,6 +323,12 @@ impl UringShared {
     /// `io_uring_enter` calls made so far, by every sender on the ring.
     pub fn enters(&self) -> u64 {
         self.ring.lock().enters()
+    }
+
+    /// Test hook: the completion queue's entries (as the kernel made it).
+    #[doc(hidden)]
+    pub fn cq_entries(&self) -> u32 {
+        self.ring.lock().cq_entries()
     }
 
     /// Test hook: queues `n` `IORING_OP_NOP`s that belong to no sender, as if another sender had

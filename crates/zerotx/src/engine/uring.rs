@@ -33,12 +33,15 @@
 //!   into the same full queue would only repeat the drop.
 //! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
 //!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
-//!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again.
+//!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again (up to
+//!   8 times in a row; an `-EFAULT` once, since it also means memory the kernel cannot read, which
+//!   no resubmission cures).
 //! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
 //!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
 //!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
-//!   SQE names is never reused under it. Records still in the ring after that are kept: the ring
-//!   leaks them (see [`sys::uring::Ring`]) and shutdown counts them.
+//!   SQE names is never reused under it. Records still in the ring after that are kept: shutdown
+//!   counts them, and the ring frees them after their last CQE (a sender's own ring is kept for
+//!   that after the sender is dropped: see [`sys::uring::Ring`]).
 //!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
 //!   (see [`sys::uring::Ring`]).
 
@@ -68,12 +71,17 @@ use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UringConfig {
-    /// Submission queue entries (the CQ gets twice as many).
+    /// Submission queue entries, and the requests one sender may have in flight (the CQ gets
+    /// twice as many, plus room for each sender of a shared ring).
     pub entries: u32,
     /// Buffers per request on a stream socket, and requests queued before an `io_uring_enter`.
     pub batch: usize,
     /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
     pub queue_limit: usize,
+    /// Senders a shared ring ([`UringShared`](crate::UringShared)) takes at once: its completion
+    /// queue keeps room for one request of each (three completions), so senders whose requests
+    /// are parked never take the room another sender needs. A sender's own ring takes one.
+    pub senders: u32,
 }
 
 impl UringConfig {
@@ -94,6 +102,12 @@ impl UringConfig {
         self.queue_limit = queue_limit;
         self
     }
+
+    /// Senders a shared ring takes at once.
+    pub fn with_senders(mut self, senders: u32) -> Self {
+        self.senders = senders;
+        self
+    }
 }
 
 impl Default for UringConfig {
@@ -102,6 +116,7 @@ impl Default for UringConfig {
             entries: 256,
             batch: 32,
             queue_limit: 256,
+            senders: 4096,
         }
     }
 }
@@ -202,6 +217,8 @@ struct State<B> {
     pinned: usize,
     /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
     owed: bool,
+    /// The front of `to_push` waits for room in the CQ (see [`Ring::has_room`]), not for the SQ.
+    no_place: bool,
     /// Shutting down: results are recorded, nothing more is pushed.
     closing: bool,
     /// In a batch of sends ([`Engine::batch`]): enter only for a full batch.
@@ -214,7 +231,8 @@ struct State<B> {
 /// How long a sender on a shared ring sleeps before it looks at its inbox again.
 const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 
-/// Resubmissions of a cancelled request that sent nothing before its record fails.
+/// Resubmissions of a cancelled request that sent nothing before its record fails (an `EFAULT`
+/// is resubmitted once: see `on_first`).
 const MAX_RESUBMITS: u32 = 8;
 
 /// Fixed buffer index for `buf` when it lies in the registered `region` and policy sends it
@@ -317,6 +335,7 @@ impl<B: SendBuf> UringEngine<B> {
                 spare: Vec::new(),
                 pinned: 0,
                 owed: false,
+                no_place: false,
                 closing: false,
                 batching: false,
                 broken: None,
@@ -360,9 +379,10 @@ impl<B: SendBuf> State<B> {
         policy::may_pin(sysu::pin_charge(bytes), self.pin_limit)
     }
 
-    /// Order, the in-flight cap and the requests waiting to be pushed let a new request form.
+    /// Order, the CQ's room for this sender and the requests waiting to be pushed let a new
+    /// request form.
     fn may_issue(&self, ring: &Ring) -> bool {
-        self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room()
+        self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room(self.owner)
     }
 
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
@@ -484,7 +504,6 @@ impl<B: SendBuf> State<B> {
         };
         if let Err((next, error)) = self.push_request(ring, next) {
             self.to_push.push_front(next);
-            self.owed = true;
             return error.map_or(Ok(false), Err);
         }
         Ok(true)
@@ -585,12 +604,12 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Pushes the requests that are due, in order. Stops, keeping the rest, when the SQ stays
-    /// full or `io_uring_enter` fails; they go at the next progress.
+    /// full, `io_uring_enter` fails or the CQ has no room for this sender; they go at the next
+    /// progress.
     fn flush_pushes(&mut self, ring: &mut Ring) -> io::Result<()> {
         while let Some(next) = self.to_push.pop_front() {
             if let Err((next, error)) = self.push_request(ring, next) {
                 self.to_push.push_front(next);
-                self.owed = true;
                 return error.map_or(Ok(()), Err);
             }
         }
@@ -598,7 +617,9 @@ impl<B: SendBuf> State<B> {
     }
 
     /// Pushes one request for the unsent part of `next`'s record; hands it back if the SQ stayed
-    /// full (no error) or `io_uring_enter` failed.
+    /// full (no error, `owed` set: the next wait must not sleep), `io_uring_enter` failed (`owed`
+    /// too), or the CQ has no room for it (`no_place`: it waits for this sender's or another's
+    /// CQEs to be read, which the ring's fd or the shared ring's wait slice wakes for).
     #[inline]
     fn push_request(
         &mut self,
@@ -652,10 +673,17 @@ impl<B: SendBuf> State<B> {
             Ok(()) => {
                 self.in_ring += 1;
                 self.stats.syscalls += 1;
+                self.no_place = false;
                 Ok(())
             }
-            Err(Refused { op, error }) => {
+            Err(Refused {
+                op,
+                error,
+                no_place,
+            }) => {
                 // Never queued: the caller keeps the record and pushes it again later.
+                self.no_place = no_place;
+                self.owed |= !no_place;
                 let next = Next {
                     op,
                     zc: want_zc,
@@ -683,7 +711,7 @@ impl<B: SendBuf> State<B> {
         } else {
             ring.submit_if_due(self.eager())
         };
-        if submitted.is_err() || !self.to_push.is_empty() {
+        if submitted.is_err() || (!self.to_push.is_empty() && !self.no_place) {
             self.owed = true;
         }
         pushed.and(issued).and(submitted)
@@ -751,11 +779,14 @@ impl<B: SendBuf> State<B> {
                 // RLIMIT_MEMLOCK (not ENOBUFS: see the module docs).
                 self.stats.enobufs += 1;
                 Then::Budget
-            } else if matches!(errno, libc::ECANCELED | libc::EFAULT)
-                && req.resubmits < MAX_RESUBMITS
-            {
+            } else if errno == libc::ECANCELED && req.resubmits < MAX_RESUBMITS {
                 // The thread that submitted a parked request exited: the kernel cancelled it
                 // having sent nothing. The socket is fine; submit it again, from this thread.
+                Then::Resubmit
+            } else if errno == libc::EFAULT && req.resubmits == 0 {
+                // Some kernels report that cancel as EFAULT, which also means memory the kernel
+                // could not read (a truncated file mapping): submitted again once, from this
+                // thread, which is alive; a second EFAULT is the memory's, and final.
                 Then::Resubmit
             } else {
                 Then::Fail(errno)
@@ -928,8 +959,8 @@ impl<B: SendBuf> State<B> {
         // kernel let go of its pages): one more look gives back what it can.
         self.reap(ring, out);
         // Requests still in flight: the kernel may still read their buffers and (before it issued
-        // them) their iovecs, msghdr and destination. Leaving hands them to the ring for good,
-        // which leaks them, never frees them.
+        // them) their iovecs, msghdr and destination. Leaving hands them to the ring, which frees
+        // them after their last CQE (or leaks them if it is dropped first), never earlier.
         let kept = self.held;
         ring.leave(self.owner);
         self.left = true;
@@ -949,6 +980,8 @@ impl<B> Drop for UringEngine<B> {
             // reused.
             std::mem::forget(self.st.fd.take());
         }
+        // Records still in the kernel's hands are freed after their last CQE, never before.
+        self.ring.release();
     }
 }
 

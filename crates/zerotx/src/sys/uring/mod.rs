@@ -5,17 +5,27 @@
 //!   tolerating `EBUSY`, flushing overflowed completions) and registers buffers.
 //! - [`SendOp`] and the other requests (`op.rs`): each owns the memory its SQE points at and
 //!   builds that SQE itself, so pushing one is safe.
+//! - Rings whose senders all left with requests in flight (`orphans.rs`): kept and reaped until
+//!   those finish, so their buffers are freed after the kernel's last CQE rather than leaked.
+//! - The completion queue's room (`places.rs`): a reserve per owner and a pool bounded per owner,
+//!   so the CQ never overflows and owners whose requests are parked never starve the others.
 //! - The probes (below): which opcodes and flags this kernel has, asked once per process; what
 //!   io_uring charges against `RLIMIT_MEMLOCK`; the fault hooks the tests inject.
 //!
 //! `send_zc_once` pushes through the `io-uring` crate directly (an `unsafe` push, because the
-//! kernel reads the buffer after the call returns) and waits for its request before returning.
+//! kernel reads the buffer after the push) and waits for its request's last CQE before returning,
+//! through signals.
 
 mod op;
+mod orphans;
+mod places;
 mod ring;
 
 pub(crate) use op::{SendKind, SendOp};
-pub(crate) use ring::{Cqe, Lent, Refused, Ring, CANCEL, MAX_REGISTERED};
+pub(crate) use orphans::adopt;
+pub(crate) use ring::{
+    Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_CQ_ENTRIES, MAX_REGISTERED,
+};
 
 use std::cell::Cell;
 use std::io;
@@ -103,16 +113,24 @@ pub(crate) fn pin_charge(bytes: usize) -> usize {
     (bytes / 4096 + 2) * 4096
 }
 
-/// One `IORING_OP_SEND_ZC` of `buf` on the connected socket `fd` with `REPORT_USAGE`, waited for.
-/// Returns the first CQE's `res` and, when a notification followed, its `res`.
+/// One `IORING_OP_SEND_ZC` of a copy of `buf` on the connected socket `fd` with `REPORT_USAGE`,
+/// waited for. Returns the first CQE's `res` and, when a notification followed, its `res`.
+///
+/// The request sends from a copy the function owns, and the wait is retried on `EINTR` (a signal
+/// interrupts the wait, not the request). If waiting fails otherwise with the request submitted,
+/// the kernel may still read the copy after the ring is gone (closing a ring cancels its requests
+/// asynchronously): the copy is leaked, never freed, and the error returned.
 pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
     let mut ring = IoUring::new(4)?;
-    let sqe = opcode::SendZc::new(types::Fd(fd.as_raw_fd()), buf.as_ptr(), buf.len() as u32)
+    let copy: Box<[u8]> = buf.into();
+    let len = u32::try_from(copy.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "send_zc_once: over 4 GiB"))?;
+    let sqe = opcode::SendZc::new(types::Fd(fd.as_raw_fd()), copy.as_ptr(), len)
         .zc_flags(SEND_ZC_REPORT_USAGE)
         .build()
         .user_data(1);
-    // SAFETY: buf outlives the ring: we wait below for the notification (or the absence of
-    // F_MORE) before returning, and the ring is dropped at the end of this function.
+    // SAFETY: the SQE points at `copy`, which lives until the request's last CQE below, or is
+    // leaked if that cannot be waited for.
     unsafe { ring.submission().push(&sqe) }
         .map_err(|_| io::Error::other("io_uring submission queue full"))?;
     let mut first = None;
@@ -120,7 +138,13 @@ pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i
     let mut notif = None;
     // The notification may come before or after the first CQE: wait until both are accounted for.
     while first.is_none() || (first_more && notif.is_none()) {
-        ring.submit_and_wait(1)?;
+        if let Err(e) = crate::sys::retry(|| ring.submit_and_wait(1)) {
+            if ring.submission().is_empty() {
+                // Submitted: the kernel may read the copy after the ring is gone.
+                std::mem::forget(copy);
+            }
+            return Err(e);
+        }
         for cqe in ring.completion() {
             if cqueue::notif(cqe.flags()) {
                 notif = Some(cqe.result());
@@ -204,6 +228,85 @@ pub(super) fn take_failed_enter() -> Option<io::Error> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+    use std::os::unix::thread::JoinHandleExt;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    extern "C" fn ignore(_: libc::c_int) {}
+
+    /// A signal that interrupts `send_zc_once` while its request is parked (the peer does not
+    /// read, the socket is full) must not end the call: the kernel may still read the buffer, so
+    /// the call returns only after the request's last CQE, once the peer read.
+    #[test]
+    fn send_zc_once_waits_for_its_request_through_signals() {
+        if !super::probe().is_ok_and(|p| p.send_zc) {
+            eprintln!("SKIPPED: no IORING_OP_SEND_ZC");
+            return;
+        }
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut p, _) = l.accept().unwrap();
+        socket2::SockRef::from(&c)
+            .set_send_buffer_size(4096)
+            .unwrap();
+        socket2::SockRef::from(&p)
+            .set_recv_buffer_size(4096)
+            .unwrap();
+        c.set_nonblocking(true).unwrap();
+        let mut prefill = 0usize;
+        while let Ok(n) = (&c).write(&[7u8; 4096]) {
+            prefill += n;
+        }
+        c.set_nonblocking(false).unwrap();
+        // SAFETY: a handler that does nothing, installed without SA_RESTART so that a blocking
+        // call it interrupts fails with EINTR.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+        }
+        let (done_tx, done) = mpsc::channel();
+        let sender = std::thread::spawn(move || {
+            let r = super::send_zc_once(c.as_fd(), &[9u8; 4096]);
+            done_tx.send(()).unwrap();
+            (r, c)
+        });
+        let thread = sender.as_pthread_t();
+        let mut early = false;
+        for _ in 0..30 {
+            // SAFETY: the thread is joined only below, so its id stays valid.
+            unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
+            if done.recv_timeout(Duration::from_millis(10)).is_ok() {
+                early = true;
+                break;
+            }
+        }
+        // The peer reads now, until the call returns.
+        p.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut read = 0usize;
+        let mut buf = [0u8; 65536];
+        while early || done.try_recv().is_err() {
+            if let Ok(n) = p.read(&mut buf) {
+                read += n;
+            }
+            if early && read >= prefill {
+                break;
+            }
+        }
+        let (r, _c) = sender.join().unwrap();
+        assert!(
+            !early,
+            "send_zc_once returned {r:?} with its request parked (peer had read nothing)"
+        );
+        let (res, notif) = r.unwrap();
+        assert_eq!(res, 4096);
+        assert!(notif.is_some());
+    }
+
     /// The one-send check finds `IORING_SEND_ZC_REPORT_USAGE` on kernels that have it (6.2 on;
     /// this machine runs 6.18), and never where `SEND_ZC` itself is missing.
     #[test]

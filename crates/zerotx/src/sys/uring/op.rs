@@ -28,20 +28,28 @@ use crate::report::{Released, Stats};
 /// for as long as the value lives at the address `entry` was called on (the ring keeps it boxed
 /// until the request's last CQE, then hands the box back, or drops it there if its owner reaps
 /// another type ([`Lent::Other`](super::Lent::Other)); it never drops one earlier). Between
-/// CQEs the ring lends its owner only what [`meta`](Op::meta) returns
-/// ([`Lent::Live`](super::Lent::Live)), so [`meta`](Op::meta) must return memory no entry points
-/// at.
+/// CQEs the ring lends its owner only what [`meta`](Op::meta) points at
+/// ([`Lent::Live`](super::Lent::Live)), so [`meta`](Op::meta) must point at memory no entry
+/// points at.
 pub(crate) unsafe trait Op: Any + Send {
     /// What [`meta`](Op::meta) lends.
     type Meta;
+
+    /// CQEs the request posts at most.
+    const CQES: u8;
 
     /// Builds the SQE (the ring sets its `user_data`). Called on the value at its final address.
     /// A request on a socket names it as registered file `file` (`IOSQE_FIXED_FILE`) when given.
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry;
 
     /// The part of the request its owner may read and change while the ring holds it (each CQE
-    /// before the last lends it): memory the entry does not point at.
-    fn meta(&mut self) -> &mut Self::Meta;
+    /// before the last lends it): memory the entry does not point at. Reached from a pointer,
+    /// not from `&mut self`: a reference to the whole request would claim the memory the kernel
+    /// may be reading through the entry at that moment.
+    ///
+    /// # Safety
+    /// `this` must point at a live value of this type.
+    unsafe fn meta(this: *mut Self) -> *mut Self::Meta;
 }
 
 /// Builds `$op` with `$t` bound to the target: registered file `$file` if `Some`, else
@@ -193,9 +201,14 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
 unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
     type Meta = M;
 
+    // Its result, and a zero-copy send's notification.
+    const CQES: u8 = super::places::SEND_CQES as u8;
+
     #[inline]
-    fn meta(&mut self) -> &mut M {
-        &mut self.meta
+    unsafe fn meta(this: *mut Self) -> *mut M {
+        // SAFETY: `this` points at a live value (the caller's promise); the field's address is
+        // taken without a reference to the value or the field.
+        unsafe { std::ptr::addr_of_mut!((*this).meta) }
     }
 
     // Inlined into `Ring::push`: called, it built the 64-byte SQE on the stack and the push copied
@@ -273,8 +286,11 @@ pub(crate) struct Cancel {
 unsafe impl Op for Cancel {
     type Meta = Self;
 
-    fn meta(&mut self) -> &mut Self {
-        self
+    const CQES: u8 = 1;
+
+    unsafe fn meta(this: *mut Self) -> *mut Self {
+        // No SQE of it points at memory: the whole value is its meta.
+        this
     }
 
     fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {
@@ -289,8 +305,11 @@ pub(crate) struct Nop;
 unsafe impl Op for Nop {
     type Meta = Self;
 
-    fn meta(&mut self) -> &mut Self {
-        self
+    const CQES: u8 = 1;
+
+    unsafe fn meta(this: *mut Self) -> *mut Self {
+        // No SQE of it points at memory: the whole value is its meta.
+        this
     }
 
     fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {

@@ -9,14 +9,16 @@
 //!   hands the box back ([`Lent::Back`]). Stored type-erased (`dyn Any + Send`: one ring carries
 //!   senders of different buffer types) beside its `TypeId`; the reaper names the type it pushed
 //!   and gets it back typed, checked by that stored id (no virtual call per CQE).
-//! - **Requests that are never handed back are leaked, never freed.** A request of an owner that
-//!   left (its sender was closed or dropped with the request in flight) is forgotten when its last
-//!   CQE arrives, and so is one still in the ring when the ring is dropped. The first keeps the
-//!   owner's word: a sender that leaves reports those buffers as kept (`Closed::kept`,
-//!   `leaked_buffers()`), and freeing them later would also run user `Drop` code on whichever
-//!   thread reaps, under the ring's lock. The second is forced: closing a ring's descriptor only
-//!   starts the kernel's teardown, which cancels and waits for requests asynchronously, so the
-//!   kernel may still read their memory after the ring is gone.
+//! - **A request is freed only after its last CQE.** A request of an owner that left (its sender
+//!   was closed or dropped with the request in flight: `Closed::kept`) stays in its slot until its
+//!   last CQE, whoever reaps it; then it moves to the *departed* list, which the caller takes
+//!   ([`Ring::take_departed`]) and drops after it let go of the ring's lock, so the buffers go
+//!   back to their owners (a `BufPool` block to its pool) and user `Drop` code never runs under
+//!   the lock. A request still in the ring when the ring is dropped is leaked, never freed:
+//!   closing a ring's descriptor only starts the kernel's teardown, which cancels and waits for
+//!   requests asynchronously, so the kernel may still read their memory after the ring is gone.
+//!   A sender's own ring closed with requests in flight is therefore not dropped but adopted
+//!   (`orphans.rs`) until they finish.
 //! - **Owners.** Each sender on a ring is an *owner*; its requests carry the owner id in the top
 //!   16 bits of `user_data` (the ring's slot of the request in the others). Whoever reaps the
 //!   completion queue hands the reaper's own CQEs to it at once and routes the others' to their
@@ -28,12 +30,15 @@
 //! - **Submission.** `io_uring_enter` stops at the first SQE whose preparation fails (that one gets
 //!   an error CQE) and leaves the rest in the SQ ring, so what is still unsubmitted is always read
 //!   from the ring itself, never counted from what was pushed.
-//! - **Completion queue.** Its owners cap requests per ring at the SQ size ([`Ring::has_room`]:
-//!   each posts at most two CQEs; the CQ holds twice as many) when they are formed; a request
-//!   that continues a started one bypasses the cap, so the CQ can still overflow. The kernel then
-//!   keeps the extra CQEs (`IORING_FEAT_NODROP`) until an `io_uring_enter` with `GETEVENTS`: every
-//!   reap and submit enters when the ring says `IORING_SQ_CQ_OVERFLOW`, even with nothing to
-//!   submit.
+//! - **Completion queue.** Sized at setup for every CQE that can post ([`Places`]): each owner
+//!   has a reserve of room (one send request and its cancel), so owners whose requests are parked
+//!   (stream peers that do not read) never take the room another owner needs, and sends beyond
+//!   the reserve share a pool, bounded per owner. [`Ring::push`] refuses a send the room does
+//!   not cover (it waits with its owner for CQEs to be read), and [`Ring::join`] an owner the CQ
+//!   has no reserve for. Should the CQ overflow all the same (the test hooks' NOPs), the kernel
+//!   keeps the extra CQEs (`IORING_FEAT_NODROP`) until an `io_uring_enter` with `GETEVENTS`:
+//!   every reap and submit enters when the ring says `IORING_SQ_CQ_OVERFLOW`, even with nothing
+//!   to submit.
 //! - **Never spin.** Pushing into a full SQ enters the kernel once; if the SQ is still full the
 //!   request is handed back and the caller tries again at its next progress.
 //! - **Registered files** (datagram sockets only: see [`FILE_SLOTS`]). The ring registers a sparse table of [`FILE_SLOTS`] files
@@ -54,6 +59,7 @@ use io_uring::{cqueue, IoUring};
 use slab::Slab;
 
 use super::op::{Cancel, Nop, Op};
+use super::places::{Places, RESERVE, SEND_CQES};
 use crate::buf::BufPool;
 
 const OWNER_SHIFT: u32 = 48;
@@ -66,6 +72,8 @@ pub(crate) const CANCEL: u8 = u8::MAX;
 pub(crate) const UNKNOWN: u8 = u8::MAX - 1;
 /// The slot of such a CQE.
 const NO_SLOT: u32 = u32::MAX;
+/// `IORING_MAX_CQ_ENTRIES`: the kernel refuses a larger CQ (`EINVAL`).
+pub(crate) const MAX_CQ_ENTRIES: u32 = 65536;
 /// io_uring registers at most this much memory per buffer (`IORING_REGISTER_BUFFERS` answers
 /// `EFAULT` above it).
 pub(crate) const MAX_REGISTERED: usize = 1 << 30;
@@ -125,7 +133,7 @@ impl Cqe {
 /// requests of type `O` (and perhaps others, such as its cancel).
 pub(crate) enum Lent<'a, O: Op> {
     /// Not its last CQE: the request stays in the ring, which lends only its [`Op::meta`] (the
-    /// part no SQE points at).
+    /// part no SQE points at), never a reference to the whole request.
     Live(&'a mut O::Meta),
     /// Its last CQE: the request, handed back.
     Back(Box<O>),
@@ -148,8 +156,21 @@ pub(crate) struct Completion<O> {
 pub(crate) struct Refused<O> {
     /// The request.
     pub(crate) op: Box<O>,
-    /// The `io_uring_enter` that tried to make room failed; `None`: the SQ stayed full.
+    /// The `io_uring_enter` that tried to make room failed; `None`: the SQ stayed full, or the CQ
+    /// has no room for it (`no_place`).
     pub(crate) error: Option<io::Error>,
+    /// The CQ has no room for its CQEs among its owner's (see [`Places`]): it waits for CQEs to
+    /// be read, not for the SQ.
+    pub(crate) no_place: bool,
+}
+
+/// Why [`Ring::join`] refused an owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JoinRefused {
+    /// 65535 owners are on the ring.
+    Ids,
+    /// The CQ has room reserved for this many owners, and each reserve is taken.
+    Places(usize),
 }
 
 /// A request in the ring, and the memory its SQE points at.
@@ -158,6 +179,8 @@ struct Slot {
     req: u8,
     first: bool,
     notif: bool,
+    /// CQEs of it its owner's room still counts (see [`Places`]).
+    owed: u8,
     /// The type of the value in `op`.
     ty: TypeId,
     op: Box<dyn Any + Send>,
@@ -173,6 +196,8 @@ struct Owner {
     left: bool,
     /// The registered file slot its requests name (its id), while it holds its socket.
     file: Option<u32>,
+    /// CQEs its sends may still post (see [`Places`]).
+    owed: usize,
 }
 
 /// An io_uring instance (`io_uring_setup`) shared by owners: see the module docs.
@@ -180,6 +205,8 @@ pub(crate) struct Ring {
     ring: IoUring,
     entries: u32,
     batch: usize,
+    /// The CQ's room, by owner.
+    places: Places,
     slots: Slab<Slot>,
     /// Slots whose last CQE waits in an inbox: finished, not in flight.
     unclaimed: usize,
@@ -192,17 +219,41 @@ pub(crate) struct Ring {
     enters: u64,
     /// Slots of the registered file table (0: none).
     file_slots: u32,
+    /// Requests of owners that left, whose last CQE arrived: the kernel is done with them.
+    departed: Vec<Box<dyn Any + Send>>,
 }
 
 impl Ring {
-    /// `io_uring_setup` with `entries` SQEs and twice as many CQEs. [`submit_if_due`] enters once
-    /// `batch` SQEs wait.
+    /// The CQEs a ring of `entries` SQEs for up to `owners` owners is set up with: a reserve per
+    /// owner, and a pool of two per SQE (see [`Places`]), at most [`MAX_CQ_ENTRIES`] (the pool is
+    /// smaller then). The kernel rounds it up to a power of two. `None` if the reserves and one
+    /// more request do not fit.
+    pub(crate) fn cq_size(entries: u32, owners: u32) -> Option<u32> {
+        let reserves = RESERVE as u64 * u64::from(owners);
+        if reserves + SEND_CQES as u64 > u64::from(MAX_CQ_ENTRIES) {
+            return None;
+        }
+        Some((2 * u64::from(entries) + reserves).min(u64::from(MAX_CQ_ENTRIES)) as u32)
+    }
+
+    /// `io_uring_setup` with `entries` SQEs and a CQ of [`cq_size`](Self::cq_size) for up to
+    /// `owners` owners, each of which may have up to `entries` send requests in flight.
+    /// [`submit_if_due`] enters once `batch` SQEs wait.
     ///
     /// [`submit_if_due`]: Ring::submit_if_due
-    pub(crate) fn new(entries: u32, batch: usize) -> io::Result<Self> {
-        let ring = IoUring::builder()
-            .setup_cqsize(entries.saturating_mul(2))
-            .build(entries)?;
+    pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
+        // A new sender's ring: the time to look at the rings left with requests in flight.
+        super::orphans::collect();
+        let cq = Self::cq_size(entries, owners)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
+        // The kernel's CQ is at least what was asked: the rounding goes to the pool.
+        let places = Places::new(
+            ring.params().cq_entries() as usize,
+            owners as usize,
+            2 * entries as usize,
+        )
+        .ok_or_else(|| io::Error::other("io_uring_setup made a smaller CQ than asked"))?;
         // Registered files are a saving, not a need: without the table, requests name descriptors.
         let file_slots = match FILE_SLOTS {
             0 => 0,
@@ -215,6 +266,7 @@ impl Ring {
             ring,
             entries,
             batch,
+            places,
             slots: Slab::new(),
             unclaimed: 0,
             owners: Vec::new(),
@@ -223,21 +275,27 @@ impl Ring {
             pool: None,
             enters: 0,
             file_slots,
+            departed: Vec::new(),
         })
     }
 
     /// A new owner: a free id (one whose owner left and whose requests all finished), or the next
-    /// never used; `None` when 65535 owners are on the ring. Its requests name `fd` through the
-    /// registered file slot of its id if there is one (see the module docs), else `fd` itself.
-    pub(crate) fn join(&mut self, fd: Option<RawFd>) -> Option<u16> {
+    /// never used. Refused when 65535 owners are on the ring, or when the CQ has no reserve left
+    /// for another (see [`Places`]). Its requests name `fd` through the registered file slot of
+    /// its id if there is one (see the module docs), else `fd` itself.
+    pub(crate) fn join(&mut self, fd: Option<RawFd>) -> Result<u16, JoinRefused> {
         let owner = match self.free_ids.pop() {
             Some(id) => id,
             None if self.next_owner < NOBODY => {
                 self.next_owner += 1;
                 self.next_owner - 1
             }
-            None => return None,
+            None => return Err(JoinRefused::Ids),
         };
+        if !self.places.join() {
+            self.free_ids.push(owner);
+            return Err(JoinRefused::Places(self.places.max_owners()));
+        }
         let i = usize::from(owner);
         if self.owners.len() <= i {
             self.owners.resize_with(i + 1, || None);
@@ -259,19 +317,21 @@ impl Ring {
             live: 0,
             left: false,
             file,
+            owed: 0,
         });
-        Some(owner)
+        Ok(owner)
     }
 
-    /// The owner left: its requests still in flight, and those already finished but not reaped,
-    /// are leaked (see the module docs), and its id is reused once its last request finished.
+    /// The owner left: its requests already finished but not reaped go to the departed list, those
+    /// still in flight follow at their last CQE (see the module docs), and its id is reused once
+    /// its last request finished.
     pub(crate) fn leave(&mut self, owner: u16) {
         let Some(o) = owner_in(&mut self.owners, owner) else {
             return;
         };
         o.left = true;
         for cqe in o.inbox.drain(..).filter(|c| c.last) {
-            std::mem::forget(self.slots.remove(cqe.slot as usize).op);
+            self.departed.push(self.slots.remove(cqe.slot as usize).op);
             o.live -= 1;
             self.unclaimed -= 1;
         }
@@ -282,9 +342,15 @@ impl Ring {
             self.release_file(owner);
         }
         if live == 0 {
-            self.owners[usize::from(owner)] = None;
-            self.free_ids.push(owner);
+            self.gone(owner);
         }
+    }
+
+    /// `owner` left and its last request finished: its id and its reserve come free.
+    fn gone(&mut self, owner: u16) {
+        self.owners[usize::from(owner)] = None;
+        self.free_ids.push(owner);
+        self.places.leave();
     }
 
     /// Clears `owner`'s registered file slot, which no SQE in the SQ may name any more. If the
@@ -320,9 +386,15 @@ impl Ring {
         self.enters
     }
 
-    /// Requests may be added without overflowing the CQ.
-    pub(crate) fn has_room(&self) -> bool {
-        self.in_flight() < self.entries as usize
+    /// `owner` may push a send request: the CQ has room for its CQEs (see [`Places`]).
+    pub(crate) fn has_room(&self, owner: u16) -> bool {
+        let owed = self.owners.get(usize::from(owner)).and_then(Option::as_ref);
+        owed.is_some_and(|o| self.places.has_room(o.owed))
+    }
+
+    /// CQ entries (as the kernel made the CQ).
+    pub(crate) fn cq_entries(&self) -> u32 {
+        self.ring.params().cq_entries()
     }
 
     /// SQEs in the SQ ring that the kernel has not consumed, every owner's.
@@ -335,15 +407,24 @@ impl Ring {
         self.ring.submission().cq_overflow()
     }
 
-    /// Queues `op` for `owner` as its request `req` (the tag its CQEs will carry). A full SQ is
-    /// met with one `io_uring_enter`; if it is still full, or that enter failed, `op` comes back
-    /// unqueued. The ring keeps a queued `op` until its last CQE.
+    /// Queues `op` for `owner` as its request `req` (the tag its CQEs will carry). A send (any
+    /// request of an owner but its [`CANCEL`]) the CQ has no room for comes back unqueued
+    /// (`no_place`). A full SQ is met with one `io_uring_enter`; if it is still full, or that
+    /// enter failed, `op` comes back unqueued. The ring keeps a queued `op` until its last CQE.
     pub(crate) fn push<O: Op>(
         &mut self,
         owner: u16,
         req: u8,
         mut op: Box<O>,
     ) -> Result<(), Refused<O>> {
+        let counted = owner != NOBODY && req != CANCEL;
+        if counted && !self.has_room(owner) {
+            return Err(Refused {
+                op,
+                error: None,
+                no_place: true,
+            });
+        }
         let slot = self.slots.vacant_key();
         debug_assert!(slot < NO_SLOT as usize, "slot {slot} does not fit a Cqe");
         debug_assert!(req < UNKNOWN || req == CANCEL, "tag {req} is reserved");
@@ -358,24 +439,35 @@ impl Ring {
         // queued.
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             if let Err(e) = self.submit() {
-                return Err(Refused { op, error: Some(e) });
+                return Err(Refused {
+                    op,
+                    error: Some(e),
+                    no_place: false,
+                });
             }
             // SAFETY: as above (`submit` enters the kernel but changes no slot).
             if unsafe { self.ring.submission().push(&entry) }.is_err() {
-                return Err(Refused { op, error: None });
+                return Err(Refused {
+                    op,
+                    error: None,
+                    no_place: false,
+                });
             }
         }
+        let owed = if counted { O::CQES } else { 0 };
         let key = self.slots.insert(Slot {
             owner,
             req,
             first: false,
             notif: false,
+            owed,
             ty: TypeId::of::<O>(),
             op,
         });
         debug_assert_eq!(key, slot);
-        if let Some(o) = self.owner(owner) {
+        if let Some(o) = owner_in(&mut self.owners, owner) {
             o.live += 1;
+            self.places.take(&mut o.owed, usize::from(owed));
         }
         Ok(())
     }
@@ -551,6 +643,8 @@ impl Ring {
                 last: false,
             };
             let who = cqe.owner;
+            // CQEs read from the CQ: the room they took is free (all of it at the last).
+            let mut read = 0;
             if let Some(s) = self.slots.get_mut(idx).filter(|s| s.owner == who) {
                 if cqe.is_notif() {
                     s.notif = true;
@@ -561,6 +655,8 @@ impl Ring {
                 cqe.req = s.req;
                 cqe.last = s.first && s.notif;
                 cqe.slot = idx as u32;
+                read = if cqe.last { s.owed } else { s.owed.min(1) };
+                s.owed -= read;
             }
             let Some(o) = owner_in(&mut self.owners, who) else {
                 // No owner: a test hook's request, dropped (the kernel is done with it).
@@ -569,10 +665,11 @@ impl Ring {
                 }
                 continue;
             };
+            self.places.give(&mut o.owed, usize::from(read));
             if o.left {
                 if cqe.last {
-                    // Its sender counted it as kept: leak it (see the module docs).
-                    std::mem::forget(self.slots.remove(idx).op);
+                    // The kernel is done with it: freed once the caller let go of the lock.
+                    self.departed.push(self.slots.remove(idx).op);
                     o.live -= 1;
                     if o.live == 0 {
                         gone.push(who);
@@ -591,8 +688,7 @@ impl Ring {
         for who in gone {
             // Its last request finished: no SQE names its slot any more.
             self.release_file(who);
-            self.owners[usize::from(who)] = None;
-            self.free_ids.push(who);
+            self.gone(who);
         }
     }
 
@@ -610,6 +706,17 @@ impl Ring {
         unsafe { self.ring.submitter().register_buffers(&[iov]) }?;
         self.pool = Some(pool.clone());
         Ok(())
+    }
+
+    /// Requests of owners that left whose last CQE arrived (see the module docs): the caller drops
+    /// them after it let go of the ring's lock.
+    pub(crate) fn take_departed(&mut self) -> Vec<Box<dyn Any + Send>> {
+        std::mem::take(&mut self.departed)
+    }
+
+    /// Whether [`take_departed`](Self::take_departed) has anything to give.
+    pub(crate) fn has_departed(&self) -> bool {
+        !self.departed.is_empty()
     }
 
     /// The pool registered as fixed buffer 0, if any.
@@ -649,22 +756,16 @@ fn lend<O: Op>(
         let op = unsafe { Box::from_raw(Box::into_raw(op).cast::<O>()) };
         apply(cqe, Lent::Back(op));
     } else if ours {
-        // SAFETY: as above, the value is an `O`.
-        let op = unsafe { as_op::<O>(&mut *slots[idx].op) };
-        apply(cqe, Lent::Live(op.meta()));
+        // The request's address, with no reference to it formed: the kernel may be reading it.
+        let value = std::ptr::addr_of_mut!(*slots[idx].op).cast::<O>();
+        // SAFETY: the value is an `O` (as above), alive in its box while its slot holds it, which
+        // it does while `apply` runs (nothing else touches the slots meanwhile). `Op::meta`
+        // points at the part no SQE points at, and this is the only reference to it.
+        let meta = unsafe { &mut *O::meta(value) };
+        apply(cqe, Lent::Live(meta));
     } else {
         apply(cqe, Lent::Other);
     }
-}
-
-/// `value` as the `O` it is, borrowed as long as `value` is (so the slot cannot be touched while
-/// the request is lent).
-///
-/// # Safety
-/// `value` must be an `O` (its slot's `TypeId` is `O`'s).
-unsafe fn as_op<O: Op>(value: &mut (dyn Any + Send)) -> &mut O {
-    // SAFETY: the caller's promise; the thin pointer keeps the value's address.
-    unsafe { &mut *(value as *mut (dyn Any + Send)).cast::<O>() }
 }
 
 impl Drop for Ring {
@@ -743,6 +844,16 @@ mod tests {
         panic!("requests still in flight after 5 s");
     }
 
+    /// The CQ holds a reserve per owner and two CQEs per SQE, within the kernel's limit, which
+    /// only the pool gives way to.
+    #[test]
+    fn the_cq_is_sized_by_what_can_post() {
+        assert_eq!(Ring::cq_size(256, 4096), Some(512 + 3 * 4096));
+        assert_eq!(Ring::cq_size(32768, 1), Some(MAX_CQ_ENTRIES));
+        assert_eq!(Ring::cq_size(8, 21844), Some(MAX_CQ_ENTRIES));
+        assert_eq!(Ring::cq_size(8, 21845), None);
+    }
+
     /// The CQE routing passes a `Cqe` and a `Lent` by value per completion: at 16 bytes each they
     /// travel in registers, not through the stack (where reading them back stalled).
     #[test]
@@ -757,7 +868,7 @@ mod tests {
         let Some((_sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(8, 4).unwrap();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         assert!(ring.push(owner, 5, op).is_ok());
         ring.submit().unwrap();
@@ -789,7 +900,7 @@ mod tests {
         let Some((sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(8, 4).unwrap();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         assert!(ring.push(owner, 0, op).is_ok());
         ring.submit().unwrap();
@@ -804,26 +915,30 @@ mod tests {
     }
 
     #[test]
-    fn requests_of_an_owner_that_left_or_of_a_dropped_ring_are_leaked_not_freed() {
+    fn requests_of_an_owner_that_left_are_freed_after_their_last_cqe_and_a_dropped_rings_leaked() {
         let drops = Arc::new(AtomicUsize::new(0));
         let Some((_sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(8, 4).unwrap();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         let other = ring.join(None).unwrap();
         assert!(ring.push(owner, 0, op).is_ok());
         ring.submit().unwrap();
         ring.leave(owner);
-        // Another owner reaps the request's CQEs: the request is forgotten, and the id comes free.
+        // Another owner reaps the request's CQEs: the request departs, and the id comes free.
         assert!(reap_all(&mut ring, other).is_empty());
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
-        assert_eq!(ring.join(None), Some(owner));
+        assert_eq!(drops.load(Ordering::SeqCst), 0, "dropped under the ring");
+        let departed = ring.take_departed();
+        assert_eq!(departed.len(), 1);
+        drop(departed);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "freed after its last CQE");
+        assert_eq!(ring.join(None), Ok(owner));
         // A request still in the ring when it is dropped (here never even submitted).
         let (_sock, op) = setup(&drops).unwrap();
         assert!(ring.push(other, 0, op).is_ok());
         drop(ring);
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
@@ -864,7 +979,7 @@ mod tests {
     #[test]
     fn a_file_slot_outlives_the_sqes_that_name_it() {
         let drops = Arc::new(AtomicUsize::new(0));
-        let mut ring = Ring::new(8, 8).unwrap();
+        let mut ring = Ring::new(8, 8, 4).unwrap();
         if ring.file_slots == 0 {
             eprintln!("SKIPPED: no sparse registered file table (5.19)");
             return;
@@ -911,7 +1026,7 @@ mod tests {
         let Some((_sock, op)) = setup(&drops) else {
             return;
         };
-        let mut ring = Ring::new(1, 4).unwrap();
+        let mut ring = Ring::new(1, 4, 4).unwrap();
         let owner = ring.join(None).unwrap();
         assert!(ring.push_nop().unwrap());
         // The push enters once to make room: inject a failure, then a full SQ.
