@@ -10,7 +10,8 @@
 # tap in a network namespace this script creates (and removes on exit), with the tap's vnet
 # header (scatter-gather and checksum offload, as on a real NIC). Only the guest and that
 # namespace are on the link (198.18.0.0/24, fd00:7a::/64; no default route on either side).
-# vm_host (crates/zerotx/examples/vm_host) receives there and checks every byte; nftables drops
+# vm_host (crates/zerotx/examples/vm_host) receives there and checks every byte (also as a
+# reader that stops for seconds), and socat hands streams to sha256sum; nftables drops
 # 3% of the data from the guest and 2% of the ACKs to it, so TCP retransmits from lent pages.
 #
 # Usage: scripts/vm-test.sh [6.1] [6.12]        (default: both)
@@ -94,8 +95,10 @@ cli=target/x86_64-unknown-linux-gnu/release/zerotx
 ns=zxvm$$
 tap=zxtap0
 host_pid=
+socat_pid=
 net_down() {
-  if [ -n "$host_pid" ]; then kill "$host_pid" 2>/dev/null || true; wait "$host_pid" 2>/dev/null || true; fi
+  local p
+  for p in $host_pid $socat_pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   ip netns del "$ns" 2>/dev/null || true
 }
 trap net_down EXIT
@@ -116,12 +119,17 @@ table inet zxloss {
   }
   chain acks {
     type filter hook output priority 0; policy accept;
-    oifname "$tap" tcp sport 7000 numgen random mod 100 < 2 counter drop
+    oifname "$tap" tcp sport { 7000, 7001 } numgen random mod 100 < 2 counter drop
   }
 }
 NFT
   ip netns exec "$ns" "$host_rx" > "$work/vm_host.log" 2>&1 &
   host_pid=$!
+  # A receiver nobody here wrote: each connection's bytes into sha256sum, the hash sent back
+  # (after the guest's EOF; -t: time for sha256sum to answer).
+  ip netns exec "$ns" socat -t 10 TCP6-LISTEN:7001,ipv6only=0,reuseaddr,fork EXEC:sha256sum \
+    > "$work/socat.log" 2>&1 &
+  socat_pid=$!
   for _ in $(seq 50); do grep -q listening "$work/vm_host.log" && return; sleep 0.1; done
   echo "vm_host did not start:" >&2; cat "$work/vm_host.log" >&2; return 1
 }

@@ -359,9 +359,31 @@ fn all_checks(run: &mut Run, vsock_zc: bool) {
     for proto in net::Proto::ALL {
         for v in Variant::ALL {
             run.check(&format!("net {v} {proto}"), LONG, move || {
-                net::transfer(proto, v)
+                net::transfer(proto, v, net::Receiver::Verify)
             });
         }
+    }
+    for (v, proto, rx) in [
+        (
+            Variant::plain(EngineKind::MsgZerocopy),
+            net::Proto::Tcp4,
+            net::Receiver::Stalled,
+        ),
+        (Variant::ZC_POOL, net::Proto::Tcp6, net::Receiver::Stalled),
+        (
+            Variant::plain(EngineKind::MsgZerocopy),
+            net::Proto::Tcp4,
+            net::Receiver::Sha256,
+        ),
+        (
+            Variant::plain(EngineKind::UringZc),
+            net::Proto::Tcp6,
+            net::Receiver::Sha256,
+        ),
+    ] {
+        run.check(&format!("net {v} {proto}{rx}"), LONG, move || {
+            net::transfer(proto, v, rx)
+        });
     }
     run.check("net retransmits", SHORT, net::retransmits_seen);
     println!(

@@ -12,6 +12,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use zerotx::{BufPool, EngineKind, PooledBuf, Sender, Stats};
@@ -40,6 +41,8 @@ const ANSWER: Duration = Duration::from_secs(20);
 /// TCP retransmits the checks saw, and TCP checks run: the drops must have made some.
 static RETRANSMITS: AtomicU64 = AtomicU64::new(0);
 static TCP_RUNS: AtomicU64 = AtomicU64::new(0);
+/// Whether this kernel's io_uring reports copied zero-copy sends (probed once).
+static REPORTS_USAGE: OnceLock<bool> = OnceLock::new();
 
 /// Where a network check sends.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -90,17 +93,45 @@ pub fn nic_present() -> Check {
     Ok(format!("{NIC}: driver {driver}, mtu {mtu}, carrier up"))
 }
 
+/// Who receives a TCP transfer on the host.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Receiver {
+    /// `vm_host`, checking every byte as fast as it reads.
+    Verify,
+    /// `vm_host` with a 64 KiB receive buffer that stops reading for [`wire::STALL_MS`] after the
+    /// first MiB: the window closes and the guest's persist timer probes it, with zero-copy sends
+    /// queued behind it.
+    Stalled,
+    /// socat handing the stream to `sha256sum`, whose hash comes back and must match the
+    /// pattern's.
+    Sha256,
+}
+
+impl fmt::Display for Receiver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Receiver::Verify => "",
+            Receiver::Stalled => " stalled reader",
+            Receiver::Sha256 => " socat|sha256sum",
+        })
+    }
+}
+
 /// One engine over one protocol to the host, every byte checked there.
-pub fn transfer(proto: Proto, v: Variant) -> Check {
+pub fn transfer(proto: Proto, v: Variant, rx: Receiver) -> Check {
     let pool = BufPool::new(TCP_BLOCK.max(UDP_LEN), POOL).map_err(|e| e.to_string())?;
     match proto {
-        Proto::Tcp4 | Proto::Tcp6 => tcp(proto.v6(), v, &pool),
+        Proto::Tcp4 | Proto::Tcp6 => tcp(proto.v6(), v, &pool, rx),
         Proto::Udp4 | Proto::Udp6 => udp(proto.v6(), v, &pool),
     }
 }
 
 fn connect(v6: bool) -> Result<TcpStream, String> {
-    let to = SocketAddr::new(wire::host(v6), wire::PORT);
+    connect_to(v6, wire::PORT)
+}
+
+fn connect_to(v6: bool, port: u16) -> Result<TcpStream, String> {
+    let to = SocketAddr::new(wire::host(v6), port);
     let s = TcpStream::connect_timeout(&to, Duration::from_secs(10))
         .map_err(|e| format!("connecting to the host at {to}: {e}"))?;
     s.set_read_timeout(Some(ANSWER))
@@ -130,9 +161,9 @@ fn close(tx: Sender<PooledBuf>) -> Result<(Stats, OwnedFd), String> {
     Ok((stats, closed.fd))
 }
 
-/// Whether `v` must send every buffer zero-copy through the tap (`auto` too: every send is
-/// above its threshold), or none.
-fn zero_copy_share(v: Variant, t: &Tally, s: &Stats) -> Result<String, String> {
+/// Whether `v` sent every buffer zero-copy through the tap (`auto` too: every send is above its
+/// threshold) or none: the share's description, and the error if it is wrong.
+fn zero_copy_share(v: Variant, t: &Tally, s: &Stats) -> (String, Result<(), String>) {
     let zc = !matches!(v.kind, EngineKind::Copy | EngineKind::Uring);
     let share = format!(
         "{} of {} buffers zero-copy ({}%), kernel-copied {}",
@@ -141,20 +172,27 @@ fn zero_copy_share(v: Variant, t: &Tally, s: &Stats) -> Result<String, String> {
         (t.zerocopy * 100).checked_div(t.released).unwrap_or(0),
         s.kernel_copied
     );
-    if t.released == 0 {
-        return Err(format!("no buffer came back: {share}"));
-    }
-    if zc && (t.zerocopy != t.released || s.kernel_copied != 0) {
-        return Err(format!(
-            "a silent copy through virtio-net: {share}; route-copies {}, small {}, budget {}, \
-             fallbacks {}",
+    // Without IORING_SEND_ZC_REPORT_USAGE (6.0-6.1 upstream) io_uring never says "copied".
+    let uring_blind = matches!(v.kind, EngineKind::UringZc | EngineKind::Auto)
+        && !*REPORTS_USAGE.get_or_init(|| zerotx::probe().io_uring.report_usage == Some(true));
+    let share = if uring_blind {
+        format!("{share} (this kernel's io_uring does not report copies)")
+    } else {
+        share
+    };
+    let verdict = if t.released == 0 {
+        Err("no buffer came back".to_string())
+    } else if zc && (t.zerocopy != t.released || s.kernel_copied != 0) {
+        Err(format!(
+            "a silent copy through virtio-net (route-copies {}, small {}, budget {}, fallbacks {})",
             s.copied_route, s.copied_small, s.copied_budget, s.fallbacks
-        ));
-    }
-    if !zc && t.zerocopy != 0 {
-        return Err(format!("a copying engine reported zero-copy: {share}"));
-    }
-    Ok(share)
+        ))
+    } else if !zc && t.zerocopy != 0 {
+        Err("a copying engine reported zero-copy".to_string())
+    } else {
+        Ok(())
+    };
+    (share, verdict)
 }
 
 /// `TCP_INFO`'s `tcpi_total_retrans` of a TCP socket.
@@ -191,13 +229,26 @@ fn read_line(r: &mut impl BufRead, what: &str) -> Result<String, String> {
 
 /// 4 MiB over TCP in 64 KiB sends, each buffer scribbled the moment it comes back; the host
 /// checks every byte and answers after the guest's EOF.
-fn tcp(v6: bool, v: Variant, pool: &BufPool) -> Check {
-    let mut s = connect(v6)?;
-    writeln!(s, "{} tcp {TCP_TOTAL} 0", wire::HELLO).map_err(|e| format!("hello: {e}"))?;
+fn tcp(v6: bool, v: Variant, pool: &BufPool, rx: Receiver) -> Check {
+    let mut s = if rx == Receiver::Sha256 {
+        connect_to(v6, wire::SHA256_PORT)?
+    } else {
+        let stall = if rx == Receiver::Stalled {
+            wire::STALL_MS
+        } else {
+            0
+        };
+        let mut s = connect(v6)?;
+        writeln!(s, "{} tcp {TCP_TOTAL} {stall}", wire::HELLO)
+            .map_err(|e| format!("hello: {e}"))?;
+        s
+    };
+    let probes_before = tcp_ext("TCPWinProbe");
     let mut tx = sender(s.into(), v, pool)?;
     let tally = pooled_stream(&mut tx, pool, TCP_TOTAL, TCP_BLOCK)?;
     let (stats, fd) = close(tx)?;
-    let s = TcpStream::from(fd);
+    let probes = tcp_ext("TCPWinProbe").saturating_sub(probes_before);
+    s = TcpStream::from(fd);
     let retrans = retransmits(&s)?;
     RETRANSMITS.fetch_add(u64::from(retrans), Ordering::Relaxed);
     TCP_RUNS.fetch_add(1, Ordering::Relaxed);
@@ -205,21 +256,95 @@ fn tcp(v6: bool, v: Variant, pool: &BufPool) -> Check {
         .and_then(|()| s.shutdown(Shutdown::Write))
         .map_err(|e| format!("ending the stream: {e}"))?;
     let line = read_line(&mut BufReader::new(&s), "verdict")?;
-    let verdict = TcpVerdict::parse(&line)?;
-    let share = zero_copy_share(v, &tally, &stats);
+    let (received, intact) = if rx == Receiver::Sha256 {
+        let want = pattern_sha256(TCP_TOTAL)?;
+        let got = line
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        let ok = if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "sha256sum on the host says {got}, the stream's is {want}"
+            ))
+        };
+        (
+            "sha256 matched by socat|sha256sum on the host".to_string(),
+            ok,
+        )
+    } else {
+        let verdict = TcpVerdict::parse(&line)?;
+        (
+            format!("{} bytes verified by the host", verdict.bytes),
+            verdict.check(TCP_TOTAL),
+        )
+    };
+    let (share, zero_copy) = zero_copy_share(v, &tally, &stats);
     let summary = format!(
-        "{} bytes verified by the host, {} buffers back and overwritten, {retrans} retransmits; \
-         {}; {}",
-        verdict.bytes,
+        "{received}, {} buffers back and overwritten, {retrans} retransmits, {probes} zero-window \
+         probes; {share}; {}",
         tally.released,
-        share.as_deref().unwrap_or_else(|e| e),
         brief(&stats)
     );
-    verdict
-        .check(TCP_TOTAL)
-        .and(share)
+    let window = if rx == Receiver::Stalled && probes == 0 {
+        Err("the stalled reader's window never closed (no zero-window probe)".to_string())
+    } else {
+        Ok(())
+    };
+    intact
+        .and(window)
+        .and(zero_copy)
         .map(|_| summary.clone())
         .map_err(|e| format!("{e}; {summary}"))
+}
+
+/// A `TcpExt` counter of the guest's `/proc/net/netstat` (0 if absent). The checks run one at a
+/// time, so a difference across one check is that check's.
+fn tcp_ext(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The SHA-256 of the first `total` bytes of the pattern, from the guest's own `sha256sum`.
+fn pattern_sha256(total: u64) -> Result<String, String> {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("sha256sum")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("sha256sum: {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("sha256sum: no stdin")?;
+    let mut block = vec![0u8; TCP_BLOCK];
+    let mut offset = 0;
+    while offset < total {
+        let len = TCP_BLOCK.min((total - offset) as usize);
+        crate::peer::fill(&mut block[..len], offset);
+        stdin
+            .write_all(&block[..len])
+            .map_err(|e| format!("sha256sum: {e}"))?;
+        offset += len as u64;
+    }
+    drop(stdin);
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("sha256sum: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// 400 datagrams of 8 KiB over UDP, each buffer scribbled the moment it comes back; the host
@@ -246,15 +371,14 @@ fn udp(v6: bool, v: Variant, pool: &BufPool) -> Check {
     writeln!(&control, "done").map_err(|e| format!("done: {e}"))?;
     let line = read_line(&mut answers, "verdict")?;
     let verdict = UdpVerdict::parse(&line)?;
-    let share = zero_copy_share(v, &tally, &stats);
+    let (share, zero_copy) = zero_copy_share(v, &tally, &stats);
     let summary = format!(
         "{} of {UDP_COUNT} datagrams intact at the host ({} wrong, {} duplicate), {} buffers \
-         back and overwritten; {}; {}",
+         back and overwritten; {share}; {}",
         verdict.intact,
         verdict.wrong,
         verdict.duplicate,
         tally.released,
-        share.as_deref().unwrap_or_else(|e| e),
         brief(&stats)
     );
     let delivered = if verdict.wrong != 0 || verdict.duplicate != 0 {
@@ -268,7 +392,7 @@ fn udp(v6: bool, v: Variant, pool: &BufPool) -> Check {
         Ok(())
     };
     delivered
-        .and(share)
+        .and(zero_copy)
         .map(|_| summary.clone())
         .map_err(|e| format!("{e}; {summary}"))
 }

@@ -16,6 +16,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The host's TCP port for every transfer's hello.
 pub const PORT: u16 = 7000;
+/// The host's port where socat hands each connection to `sha256sum` and sends the hash back:
+/// a receiver nobody here wrote.
+pub const SHA256_PORT: u16 = 7001;
+/// How long `vm_host` stops reading when a hello asks for a stall.
+pub const STALL_MS: u64 = 3000;
 /// The host's end of the tap (198.18.0.0/15: the benchmarking range, never routed).
 pub const HOST4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// The host's end of the tap (a unique local address).
