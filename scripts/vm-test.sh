@@ -39,10 +39,10 @@ done
 
 export PATH="$PATH:/usr/sbin:/sbin"   # ip and nft
 if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! command -v cpio >/dev/null \
-   || ! command -v xz >/dev/null || ! command -v nft >/dev/null; then
+   || ! command -v xz >/dev/null || ! command -v nft >/dev/null || ! command -v socat >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    qemu-system-x86 busybox-static cpio xz-utils nftables >/dev/null
+    qemu-system-x86 busybox-static cpio xz-utils nftables socat >/dev/null
 fi
 
 # The versioned package a meta package depends on (linux-image-6.1.0-56-cloud-amd64...).
@@ -236,7 +236,7 @@ INIT
   # Its only NIC is the virtio-net on the namespace's tap (QEMU runs in the namespace to open it);
   # romfile= : no boot ROM (the kernel boots directly, and Debian's QEMU lacks it without
   # recommends); vnet_hdr=on fails loudly where the tap cannot offer offloads.
-  ip netns exec "$ns" timeout "${ZEROTX_VM_TIMEOUT:-240}" qemu-system-x86_64 -accel tcg -cpu max \
+  ip netns exec "$ns" timeout "${ZEROTX_VM_TIMEOUT:-360}" qemu-system-x86_64 -accel tcg -cpu max \
     -smp "${ZEROTX_VM_SMP:-1}" -m 1024 -nographic -no-reboot \
     -device virtio-net-pci,netdev=n0,mac=52:54:00:7a:00:02,romfile= \
     -netdev tap,id=n0,ifname="$tap",script=no,downscript=no,vnet_hdr=on \

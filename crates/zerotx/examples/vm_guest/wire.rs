@@ -75,11 +75,18 @@ pub struct TcpVerdict {
     pub first: Option<(u64, u8)>,
     /// A read error that ended the transfer early.
     pub error: Option<String>,
+    /// Times the host's stack advertised a zero window during the transfer (its namespace's
+    /// `TCPToZeroWindowAdv`; the checks run one at a time, so the difference is this stream's).
+    pub zero_windows: u64,
 }
 
 impl fmt::Display for TcpVerdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bytes={} wrong={}", self.bytes, self.wrong)?;
+        write!(
+            f,
+            "bytes={} wrong={} zero_windows={}",
+            self.bytes, self.wrong, self.zero_windows
+        )?;
         if let Some((at, got)) = self.first {
             write!(f, " first={at}:{got}")?;
         }
@@ -102,6 +109,7 @@ impl TcpVerdict {
             match k {
                 "bytes" => v.bytes = num(val)?,
                 "wrong" => v.wrong = num(val)?,
+                "zero_windows" => v.zero_windows = num(val)?,
                 "first" => {
                     let (at, got) = val.split_once(':').ok_or("bad first")?;
                     v.first = Some((num(at)?, num(got)? as u8));

@@ -72,7 +72,9 @@ fn serve(conn: TcpStream) -> io::Result<String> {
                 // A small buffer that fills while the reader sleeps: the window closes.
                 socket2::SockRef::from(&conn).set_recv_buffer_size(64 << 10)?;
             }
-            let verdict = stream(reader, stall);
+            let before = tcp_ext("TCPToZeroWindowAdv");
+            let mut verdict = stream(reader, stall);
+            verdict.zero_windows = tcp_ext("TCPToZeroWindowAdv").saturating_sub(before);
             writeln!(&conn, "{verdict}")?;
             Ok(format!("tcp {total} bytes sent: {verdict}"))
         }
@@ -82,6 +84,21 @@ fn serve(conn: TcpStream) -> io::Result<String> {
         }
         _ => Err(io::Error::other(format!("bad hello {hello:?}"))),
     }
+}
+
+/// A `TcpExt` counter of this network namespace's `/proc/net/netstat` (0 if absent).
+fn tcp_ext(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Reads the stream to EOF, checking every byte; pauses `stall` once after the first MiB.
