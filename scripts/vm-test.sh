@@ -6,6 +6,14 @@
 #   6.12 bookworm-security (linux-image-6.12-cloud-amd64): vsock zero-copy.
 # Both guests run in sequence; the script fails if either fails.
 #
+# Each guest also has a real NIC driver towards another host's stack: a virtio-net device on a
+# tap in a network namespace this script creates (and removes on exit), with the tap's vnet
+# header (scatter-gather and checksum offload, as on a real NIC). Only the guest and that
+# namespace are on the link (198.18.0.0/24, fd00:7a::/64; no default route on either side).
+# vm_host (crates/zerotx/examples/vm_host) receives there and checks every byte (also as a
+# reader that stops for seconds), and socat hands streams to sha256sum; nftables drops
+# 3% of the data from the guest and 3% of the ACKs to it, so TCP retransmits from lent pages.
+#
 # Usage: scripts/vm-test.sh [6.1] [6.12]        (default: both)
 #        ZEROTX_VM_SMP=2 scripts/vm-test.sh      (guest vCPUs; default 1: CI machines are small)
 #        ZEROTX_VM_APPEND="zerotx_only=integrity_uring-zc+pool_tcp zerotx_repeat=30" \
@@ -29,11 +37,12 @@ for l in "${lines[@]}"; do
   [ -n "${META[$l]:-}" ] || { echo "unknown kernel line $l (expected: ${!META[*]})" >&2; exit 2; }
 done
 
+export PATH="$PATH:/usr/sbin:/sbin"   # ip and nft
 if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! command -v cpio >/dev/null \
-   || ! command -v xz >/dev/null; then
+   || ! command -v xz >/dev/null || ! command -v nft >/dev/null || ! command -v socat >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    qemu-system-x86 busybox-static cpio xz-utils >/dev/null
+    qemu-system-x86 busybox-static cpio xz-utils nftables socat >/dev/null
 fi
 
 # The versioned package a meta package depends on (linux-image-6.1.0-56-cloud-amd64...).
@@ -71,14 +80,66 @@ kernel_dir() {
   echo "$dir"
 }
 
-echo "== building the guest program (static)"
+echo "== building the guest program and the host's receiver (static)"
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build -q --release -p zerotx --example vm_guest --target x86_64-unknown-linux-gnu
+  cargo build -q --release -p zerotx --example vm_guest --example vm_host --target x86_64-unknown-linux-gnu
 guest=target/x86_64-unknown-linux-gnu/release/examples/vm_guest
+host_rx=$PWD/target/x86_64-unknown-linux-gnu/release/examples/vm_host
 echo "== building the zerotx command (static) for its send/recv checks in the guest"
 RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build -q --release -p zerotx-cli --target x86_64-unknown-linux-gnu
 cli=target/x86_64-unknown-linux-gnu/release/zerotx
+
+# The guest's link: a tap in a namespace of our own, the host's receiver in it, drops on both
+# directions. Removed on exit, however the script ends.
+ns=zxvm$$
+tap=zxtap0
+host_pid=
+socat_pid=
+net_down() {
+  local p
+  for p in $host_pid $socat_pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  ip netns del "$ns" 2>/dev/null || true
+}
+trap net_down EXIT
+net_up() {
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip -n "$ns" tuntap add "$tap" mode tap
+  ip -n "$ns" link set "$tap" mtu 9000 up
+  ip -n "$ns" addr add 198.18.0.1/24 dev "$tap"
+  ip -n "$ns" -6 addr add fd00:7a::1/64 dev "$tap" nodad
+  # Drops on the host's side of the tap: data from the guest (TCP segments, whole GSO trains as
+  # the tap delivers them, and UDP datagrams) and ACKs to it.
+  ip netns exec "$ns" nft -f - <<NFT
+table inet zxloss {
+  chain data {
+    type filter hook input priority 0; policy accept;
+    iifname "$tap" meta l4proto { tcp, udp } counter
+    iifname "$tap" meta l4proto { tcp, udp } numgen random mod 100 < 3 counter drop
+  }
+  chain acks {
+    type filter hook output priority 0; policy accept;
+    oifname "$tap" tcp sport { 7000, 7001 } counter
+    oifname "$tap" tcp sport { 7000, 7001 } numgen random mod 100 < 3 counter drop
+  }
+}
+NFT
+  ip netns exec "$ns" "$host_rx" > "$work/vm_host.log" 2>&1 &
+  host_pid=$!
+  # A receiver nobody here wrote: each connection's bytes into sha256sum, the hash sent back
+  # (after the guest's EOF; -t: time for sha256sum to answer).
+  ip netns exec "$ns" socat -t 10 TCP6-LISTEN:7001,ipv6only=0,reuseaddr,fork EXEC:sha256sum \
+    > "$work/socat.log" 2>&1 &
+  socat_pid=$!
+  for _ in $(seq 50); do grep -q listening "$work/vm_host.log" && return; sleep 0.1; done
+  echo "vm_host did not start:" >&2; cat "$work/vm_host.log" >&2; return 1
+}
+# Packets the host's rules counted since the last call: "DATA DATA-DROPPED ACKS ACKS-DROPPED".
+drops() {
+  ip netns exec "$ns" nft list table inet zxloss | awk '/counter/{for(i=1;i<=NF;i++) if($i=="packets") printf "%s ", $(i+1)}'
+  ip netns exec "$ns" nft reset counters table inet zxloss >/dev/null
+}
 
 # Builds the initramfs for the kernel in $1 and boots it; prints the VMTEST lines; fails if the
 # guest did not end with `VMTEST: ok`.
@@ -100,6 +161,21 @@ run_guest() {
     else echo "module $m missing from $kver ($mods)" >&2; return 1
     fi
   done
+  # The NIC's driver and what it needs, in dependency order (6.12 has virtio and virtio_pci built
+  # in: only the modules a kernel ships are copied and listed).
+  : > "$root/mods/net"
+  for m in drivers/virtio/virtio_ring drivers/virtio/virtio drivers/virtio/virtio_pci_legacy_dev \
+           drivers/virtio/virtio_pci_modern_dev drivers/virtio/virtio_pci net/core/failover \
+           drivers/net/net_failover drivers/net/virtio_net; do
+    f="$root/mods/${m##*/}.ko"
+    if [ -f "$mods/$m.ko" ]; then cp "$mods/$m.ko" "$f"
+    elif [ -f "$mods/$m.ko.xz" ]; then xz -dc "$mods/$m.ko.xz" > "$f"
+    elif [ -f "$mods/$m.ko.zst" ] && command -v zstd >/dev/null; then zstd -qdc "$mods/$m.ko.zst" > "$f"
+    elif [ "${m#drivers/virtio/}" != "$m" ]; then continue   # built into this kernel
+    else echo "module $m missing from $kver ($mods)" >&2; return 1
+    fi
+    echo "${m##*/}" >> "$root/mods/net"
+  done
   cp "$guest" "$root/vm_guest"
   strip -o "$root/zerotx" "$cli" 2>/dev/null || cp "$cli" "$root/zerotx"
   cat > "$root/init" <<'INIT'
@@ -110,6 +186,11 @@ for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy; do
   insmod /mods/$m.ko || echo "VMTEST: FAIL insmod $m"
 done
 ip link set lo up
+# The NIC on the host's tap (see net_up): no default route, only the link's own subnets.
+for m in $(cat /mods/net); do insmod /mods/$m.ko || echo "VMTEST: FAIL insmod $m"; done
+echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad   # the address is usable at once
+ip link set eth0 mtu 9000 up && ip addr add 198.18.0.2/24 dev eth0 \
+  && ip -6 addr add fd00:7a::2/64 dev eth0 || echo "VMTEST: FAIL guest NIC eth0"
 ip link add dummyzc type dummy && ip addr add 192.0.2.1/24 dev dummyzc \
   && ip link set dummyzc mtu 65535 up || echo "VMTEST: FAIL dummy device"
 # zerotx send/recv over vsock_loopback (CID 1) and into the dummy device: the CLI end to end on
@@ -154,23 +235,33 @@ INIT
   echo "== booting $kver ($(cat "$dir/package-version" 2>/dev/null || echo '?')) under QEMU (TCG)"
   local t0=$SECONDS
   # The guest's own watchdogs end every check; this only catches a guest that never powers off.
-  # -nic none: the guest gets no network at all.
-  timeout "${ZEROTX_VM_TIMEOUT:-240}" qemu-system-x86_64 -accel tcg -cpu max -smp "${ZEROTX_VM_SMP:-1}" -m 1024 \
-    -nographic -no-reboot -nic none \
+  # Its only NIC is the virtio-net on the namespace's tap (QEMU runs in the namespace to open it);
+  # romfile= : no boot ROM (the kernel boots directly, and Debian's QEMU lacks it without
+  # recommends); vnet_hdr=on fails loudly where the tap cannot offer offloads.
+  ip netns exec "$ns" timeout "${ZEROTX_VM_TIMEOUT:-360}" qemu-system-x86_64 -accel tcg -cpu max \
+    -smp "${ZEROTX_VM_SMP:-1}" -m 1024 -nographic -no-reboot \
+    -device virtio-net-pci,netdev=n0,mac=52:54:00:7a:00:02,romfile= \
+    -netdev tap,id=n0,ifname="$tap",script=no,downscript=no,vnet_hdr=on \
     -kernel "$vmlinuz" -initrd "$dir/initrd.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet ${ZEROTX_VM_APPEND:-}" > "$log" 2>&1 || true
   grep -ao "VMTEST: .*" "$log" | tr -d '\r' || true   # without the firmware's escape codes
+  local d
+  read -r -a d <<< "$(drops)"
+  echo "== host side of the tap: ${d[1]:-?} of ${d[0]:-?} packets from the guest dropped," \
+    "${d[3]:-?} of ${d[2]:-?} ACKs to it dropped (GSO trains count once)"
   local passed failed
   passed=$(grep -c "VMTEST: pass" "$log" || true)
   failed=$(grep -c "VMTEST: FAIL" "$log" || true)
   if ! grep -q "VMTEST: ok" "$log" || [ "$failed" -gt 0 ]; then
     [ "$failed" -gt 0 ] || failed=1
     echo "vm $kver: $passed passed, $failed failed ($((SECONDS - t0)) s; console log: $log)"
+    tail -n 20 "$work/vm_host.log" | sed 's/^/host: /'
     return 1
   fi
   echo "vm $kver: $passed passed, $failed failed ($((SECONDS - t0)) s)"
 }
 
+net_up
 status=0
 summary=()
 for l in "${lines[@]}"; do

@@ -240,7 +240,7 @@ fn finish(tx: Sender<PooledBuf>, reader: Option<Reader>, total: u64) -> Result<S
     Ok(stats)
 }
 
-fn brief(s: &Stats) -> String {
+pub fn brief(s: &Stats) -> String {
     format!(
         "syscalls {}, zero-copy {}, kernel-copied {}, fallbacks {}, completions {}",
         s.syscalls, s.zerocopy, s.kernel_copied, s.fallbacks, s.completions

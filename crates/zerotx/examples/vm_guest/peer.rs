@@ -28,18 +28,7 @@ pub fn vsock_port() -> u32 {
     NEXT_PORT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// The byte at stream offset `o`: a word counter, so a stale, shifted or scribbled byte shows.
-pub fn pattern(o: u64) -> u8 {
-    let w = (o >> 3).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5_A5A5_A5A5_A5A5;
-    (w >> ((o & 7) * 8)) as u8
-}
-
-/// Writes the stream pattern for offsets `offset..offset + buf.len()`.
-pub fn fill(buf: &mut [u8], offset: u64) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = pattern(offset + i as u64);
-    }
-}
+pub use crate::wire::{fill, pattern};
 
 /// How the receiving side behaves.
 #[derive(Clone, Copy, Default)]

@@ -1,0 +1,215 @@
+//! The host's side of the VM test's guest network: `scripts/vm-test.sh` runs it in the network
+//! namespace that holds the guest's tap, where it receives every transfer the guest's network
+//! checks send (`vm_guest`'s `net.rs`) and checks every byte against the pattern. The exchange
+//! is described in `vm_guest/wire.rs`; each connection gets its own thread, and one line per
+//! transfer goes to stdout (the script keeps it as the host's log).
+//!
+//! Usage: `vm_host [PORT]` (default 7000). Listens on every address of the namespace, IPv4 and
+//! IPv6; runs until killed.
+
+#[path = "../vm_guest/wire.rs"]
+#[allow(dead_code)] // the guest's half of the exchange is not used here
+mod wire;
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Socket, Type};
+
+use wire::{TcpVerdict, UdpVerdict};
+
+/// A guest that stops sending for this long has hung or died: the transfer ends.
+const IDLE: Duration = Duration::from_secs(60);
+/// After the guest's `done`, datagrams still in flight get this long to arrive.
+const UDP_TAIL: Duration = Duration::from_millis(500);
+
+fn main() -> io::Result<()> {
+    let port = match std::env::args().nth(1) {
+        Some(p) => p
+            .parse()
+            .map_err(|_| io::Error::other(format!("port {p:?} is not a number")))?,
+        None => wire::PORT,
+    };
+    let sock = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+    sock.set_only_v6(false)?;
+    sock.set_reuse_address(true)?;
+    sock.bind(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)).into())?;
+    sock.listen(64)?;
+    let listener = TcpListener::from(sock);
+    println!("vm_host: listening on [::]:{port} (IPv4 and IPv6)");
+    loop {
+        let (conn, from) = listener.accept()?;
+        std::thread::spawn(move || {
+            let line = match serve(conn) {
+                Ok(l) => l,
+                Err(e) => format!("error: {e}"),
+            };
+            println!("vm_host: {from}: {line}");
+        });
+    }
+}
+
+/// Reads the hello and runs the transfer it names; returns the line for the log.
+fn serve(conn: TcpStream) -> io::Result<String> {
+    conn.set_read_timeout(Some(IDLE))?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut hello = String::new();
+    reader.by_ref().take(200).read_line(&mut hello)?;
+    let words: Vec<&str> = hello.split_whitespace().collect();
+    let num = |i: usize| -> io::Result<u64> {
+        words
+            .get(i)
+            .and_then(|w| w.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("bad hello {hello:?}")))
+    };
+    match words.as_slice() {
+        [wire::HELLO, "tcp", ..] => {
+            let (total, stall) = (num(2)?, Duration::from_millis(num(3)?));
+            if !stall.is_zero() {
+                // A small buffer that fills while the reader sleeps: the window closes.
+                socket2::SockRef::from(&conn).set_recv_buffer_size(64 << 10)?;
+            }
+            let before = tcp_ext("TCPToZeroWindowAdv");
+            let mut verdict = stream(reader, stall);
+            verdict.zero_windows = tcp_ext("TCPToZeroWindowAdv").saturating_sub(before);
+            writeln!(&conn, "{verdict}")?;
+            Ok(format!("tcp {total} bytes sent: {verdict}"))
+        }
+        [wire::HELLO, "udp", ..] => {
+            let (count, len) = (num(2)?, num(3)? as usize);
+            datagrams(conn, reader, count, len)
+        }
+        _ => Err(io::Error::other(format!("bad hello {hello:?}"))),
+    }
+}
+
+/// A `TcpExt` counter of this network namespace's `/proc/net/netstat` (0 if absent).
+fn tcp_ext(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/net/netstat").unwrap_or_default();
+    let mut rows = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+        return 0;
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Reads the stream to EOF, checking every byte; pauses `stall` once after the first MiB.
+fn stream(mut r: impl Read, stall: Duration) -> TcpVerdict {
+    let mut v = TcpVerdict::default();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut stalled = stall.is_zero();
+    loop {
+        match r.read(&mut buf) {
+            Ok(0) => return v,
+            Ok(n) => {
+                for (i, &b) in buf[..n].iter().enumerate() {
+                    let o = v.bytes + i as u64;
+                    if b != wire::pattern(o) {
+                        v.wrong += 1;
+                        v.first.get_or_insert((o, b));
+                    }
+                }
+                v.bytes += n as u64;
+                if !stalled && v.bytes >= 1 << 20 {
+                    stalled = true;
+                    std::thread::sleep(stall);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                v.error = Some(e.to_string());
+                return v;
+            }
+        }
+    }
+}
+
+/// A UDP transfer: a fresh socket in the control connection's family, its port sent back, every
+/// datagram placed and checked until the guest says `done` and the tail has drained.
+fn datagrams(
+    conn: TcpStream,
+    mut control: BufReader<TcpStream>,
+    count: u64,
+    len: usize,
+) -> io::Result<String> {
+    let mut local = conn.local_addr()?;
+    local.set_port(0);
+    let udp = Socket::new(Domain::for_address(local), Type::DGRAM, None)?;
+    // Room for a burst from the guest while this thread is not scheduled (root may force it).
+    let _ = udp
+        .set_recv_buffer_size(8 << 20)
+        .or_else(|_| udp.set_recv_buffer_size(4 << 20));
+    udp.bind(&local.into())?;
+    let udp = UdpSocket::from(udp);
+    udp.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let port = udp.local_addr()?.port();
+    let done = Arc::new(AtomicBool::new(false));
+    let receiver = {
+        let done = done.clone();
+        std::thread::spawn(move || receive(udp, count, len, &done))
+    };
+    writeln!(&conn, "port {port}")?;
+    let mut line = String::new();
+    control.by_ref().take(100).read_line(&mut line)?;
+    done.store(true, Ordering::Relaxed);
+    let verdict = receiver
+        .join()
+        .map_err(|_| io::Error::other("the UDP receiver panicked"))?;
+    writeln!(&conn, "{verdict}")?;
+    if line.trim() != "done" {
+        return Err(io::Error::other(format!(
+            "the guest ended with {line:?}, not done ({verdict})"
+        )));
+    }
+    Ok(format!("udp {count} x {len} B sent: {verdict}"))
+}
+
+fn receive(udp: UdpSocket, count: u64, len: usize, done: &AtomicBool) -> UdpVerdict {
+    let mut seen = vec![false; count as usize];
+    let mut v = UdpVerdict::default();
+    let mut buf = vec![0u8; 65536];
+    let mut last = Instant::now();
+    let mut done_at = None;
+    loop {
+        if done_at.is_none() && done.load(Ordering::Relaxed) {
+            done_at = Some(Instant::now());
+        }
+        if done_at.is_some_and(|t| t.elapsed() >= UDP_TAIL && last.elapsed() >= UDP_TAIL)
+            || last.elapsed() >= IDLE
+        {
+            return v;
+        }
+        match udp.recv(&mut buf) {
+            Ok(n) => {
+                last = Instant::now();
+                match UdpVerdict::place(&buf[..n], count, len) {
+                    Some(i) if seen[i as usize] => v.duplicate += 1,
+                    Some(i) => {
+                        seen[i as usize] = true;
+                        v.intact += 1;
+                    }
+                    None => v.wrong += 1,
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(_) => {
+                v.wrong += 1;
+                return v;
+            }
+        }
+    }
+}
