@@ -338,7 +338,10 @@ impl<B: SendBuf> AsyncSender<B> {
     }
 
     /// Waits until the kernel released every buffer, up to `timeout` ([`Error::TimedOut`] names
-    /// how many are still held). Released buffers wait for [`released`](Self::released).
+    /// how many are still held). Released buffers wait for [`released`](Self::released). Once
+    /// none is held, fails with [`Error::Failed`] when a buffer released since the last flush
+    /// carried an error: the rule of [`Sender`](crate::Sender#when-a-send-failed),
+    /// which `send` and `send_batch` follow too (they fail once the stream is known broken).
     pub async fn flush(&self, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -356,7 +359,7 @@ impl<B: SendBuf> AsyncSender<B> {
                 }
                 let held = st.tx().in_flight();
                 if held == 0 {
-                    return Ok(());
+                    return st.tx().flushed();
                 }
                 if Instant::now() >= deadline {
                     return Err(Error::TimedOut { outstanding: held });
