@@ -79,6 +79,20 @@ impl<B: SendBuf> Shared<B> {
     }
 }
 
+/// The last of the owner and the driver is gone and neither closed the sender: the runtime shut
+/// down (dropping the driver task before it ended), or a `close` was cancelled. Waiting here for
+/// completions would block the thread dropping it, once per sender (a runtime's shutdown drops
+/// its tasks one after another: 1 s each in the blocking [`Sender`]'s own drop). So it closes at
+/// once: what the kernel released is collected and freed, and what it may still read is kept
+/// (leaked, counted in [`leaked_buffers`](crate::leaked_buffers)), never freed.
+impl<B: SendBuf> Drop for State<B> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            drop(tx.close(Duration::ZERO));
+        }
+    }
+}
+
 impl<B: SendBuf> State<B> {
     pub(super) fn tx(&mut self) -> &mut Sender<B> {
         self.tx.as_mut().expect("present until close")

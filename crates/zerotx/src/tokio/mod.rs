@@ -47,8 +47,9 @@
 //! Dropping an `AsyncSender` that still has buffers in the kernel does not wait in `Drop`: its
 //! driver task goes on collecting completions for up to [`DROP_DEADLINE`], then closes the
 //! sender; buffers still held then are kept (counted in [`leaked_buffers`](crate::leaked_buffers)),
-//! never freed. Only when the runtime shuts down before that (dropping the task) does the
-//! blocking [`Sender`]'s own drop run, which waits up to 1 s on the thread dropping it.
+//! never freed. When the runtime shuts down before that (dropping the task), the sender closes
+//! at once, without waiting: what the kernel may still read is kept the same way, so a runtime
+//! with many stalled senders still shuts down at once.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
