@@ -62,6 +62,7 @@
 //! let stream = tokio::net::TcpStream::connect("127.0.0.1:9000").await?;
 //! let tx = AsyncSender::from_tcp(stream, EngineKind::Auto)?; // zero-copy where it pays
 //! tx.send(object.clone()).await?;           // accepted; waits while the socket is full
+//! tx.flush(Duration::from_secs(5)).await?;  // fails if a buffer came back with an error
 //! while let Some(done) = tx.released().await? {
 //!     println!("{} bytes, zero-copy: {}", done.report.bytes, done.report.path.is_zerocopy());
 //! }
