@@ -101,6 +101,19 @@ pub enum Error {
         /// Senders the ring takes at once.
         senders: usize,
     },
+    /// Buffers released since the last flush carried an error ([`Report::error`]): the peer did
+    /// not get all of their bytes. On a stream or seqpacket socket that also means the stream is
+    /// broken: every later send fails. See [`Sender`](crate::Sender)'s failure rule.
+    ///
+    /// [`Report::error`]: crate::Report::error
+    #[error("{failed} buffer(s) released since the last flush carried an error (the first: {source}): their bytes did not all reach the peer (each one's Report says how many went); a stream or seqpacket socket sends nothing more after that: close the sender")]
+    Failed {
+        /// How many released buffers carried an error since the last flush.
+        failed: usize,
+        /// The first of their errors.
+        #[source]
+        source: io::Error,
+    },
     /// A system call failed.
     #[error("{context}: {source}")]
     Io {
@@ -121,6 +134,7 @@ impl From<Error> for io::Error {
             Error::Config { .. } => io::ErrorKind::InvalidInput,
             Error::TimedOut { .. } => io::ErrorKind::TimedOut,
             Error::RingFull { .. } => io::ErrorKind::Other,
+            Error::Failed { source, .. } => source.kind(),
             Error::Io { source, .. } => source.kind(),
         };
         io::Error::new(kind, e)

@@ -152,6 +152,22 @@ pub struct Closed<B> {
 /// socket that already has `SO_ZEROCOPY` set is refused unless
 /// [`SenderConfig::zerocopy_first_id`] says where the kernel's counter stands.
 ///
+/// ## When a send failed
+/// One rule, which the async sender (`zerotx::tokio::AsyncSender`, feature `tokio`) follows too:
+/// - A buffer the kernel did not take whole comes back with [`Report::error`](crate::Report::error)
+///   set (a peer's reset cut it short, a datagram was dropped): its bytes did not all go.
+/// - On a stream or seqpacket socket that makes the stream **broken**: from the moment the sender
+///   knows it (such a buffer was released, or the kernel refused a send), every later
+///   [`send`](Self::send), [`try_send`](Self::try_send) and [`send_batch`](Self::send_batch)
+///   fails at once with that error ([`SendError::Io`], the buffer handed back), since anything
+///   sent after a gap would corrupt the stream. Buffers accepted before the sender knew (the
+///   io_uring engines queue up to [`UringConfig::queue_limit`] in userspace) come back with the
+///   error in their reports.
+/// - [`flush`](Self::flush) fails with [`Error::Failed`] when a buffer released since the last
+///   flush carried an error, once nothing is held any more; the next flush reports only newer
+///   failures. A loop that sends and then flushes needs no look at each report to notice a
+///   dead peer.
+///
 /// A sender may move between threads. With the io_uring engines, a request that finds its
 /// socket full is retried by the kernel on the thread that submitted it; if that thread has
 /// exited, the kernel cancels it and the sender submits it again at its next progress (see
@@ -181,6 +197,8 @@ pub struct Sender<B: SendBuf> {
     ready: Vec<Released<B>>,
     /// The last send was handed back (`WouldBlock`): its caller will retry it when woken.
     handed_back: bool,
+    /// Buffers released with an error, for [`flush`](Self::flush).
+    failures: Failures,
 }
 
 impl<B: SendBuf> std::fmt::Debug for Sender<B> {
@@ -259,6 +277,7 @@ impl<B: SendBuf> Sender<B> {
             notes,
             ready: Vec::new(),
             handed_back: false,
+            failures: Failures::default(),
         })
     }
 
@@ -493,7 +512,10 @@ impl<B: SendBuf> Sender<B> {
             out.append(&mut self.ready);
         }
         let (sock, engine) = self.parts();
-        engine.progress(sock, out)?;
+        let progress = engine.progress(sock, out);
+        self.failures
+            .look(self.engine.stats().errors, &out[before..]);
+        progress?;
         Ok(out.len() - before)
     }
 
@@ -546,7 +568,17 @@ impl<B: SendBuf> Sender<B> {
 
     fn progress_into_ready(&mut self) -> io::Result<()> {
         let sock = self.sock.as_ref().expect("socket present until close");
-        self.engine.progress(sock, &mut self.ready)
+        let progress = self.engine.progress(sock, &mut self.ready);
+        self.failures.look(self.engine.stats().errors, &self.ready);
+        progress
+    }
+
+    /// What a flush that found nothing held returns: [`Error::Failed`] if buffers released since
+    /// the last such answer carried an error (see the failure rule above), and the count starts
+    /// again.
+    pub(crate) fn flushed(&mut self) -> Result<(), Error> {
+        self.failures.look(self.engine.stats().errors, &self.ready);
+        self.failures.take()
     }
 
     /// Blocks until at least one buffer is released or `timeout` passes (`None`: no limit), and
@@ -681,7 +713,9 @@ impl<B: SendBuf> Sender<B> {
 
     /// Waits until the kernel released every buffer this sender holds, up to `timeout`. Released
     /// buffers wait in the sender for [`reap`](Self::reap). Fails with [`Error::TimedOut`] naming
-    /// how many are still held.
+    /// how many are still held, or, once none is, with [`Error::Failed`] when a buffer released
+    /// since the last flush carried an error (the peer did not get all of it: see the failure
+    /// rule in the type's docs).
     pub fn flush(&mut self, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         let io = |source| Error::Io {
@@ -691,7 +725,7 @@ impl<B: SendBuf> Sender<B> {
         loop {
             self.progress_into_ready().map_err(io)?;
             if self.engine.held() == 0 {
-                return Ok(());
+                return self.flushed();
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -734,6 +768,52 @@ impl<B: SendBuf> Sender<B> {
         let n = self.engine.shutdown(&mut released);
         LEAKED.fetch_add(n as u64, Ordering::Relaxed);
         (released, n)
+    }
+}
+
+/// Buffers released with an error, counted by the engine ([`Stats::errors`]): how many there were
+/// at the last flush and at the last look, and the first error since the last flush.
+#[derive(Debug, Default)]
+struct Failures {
+    at_flush: u64,
+    seen: u64,
+    first: Option<io::Error>,
+}
+
+impl Failures {
+    /// After a progress that appended released buffers (the last of them in `released`): when
+    /// the engine's count `errors` moved, remembers the first error among them. Only a count
+    /// that moved costs a scan.
+    fn look<B>(&mut self, errors: u64, released: &[Released<B>]) {
+        if errors == self.seen {
+            return;
+        }
+        self.seen = errors;
+        if self.first.is_none() {
+            self.first = released
+                .iter()
+                .find_map(|r| r.report.error.as_ref())
+                .map(|e| match e.raw_os_error() {
+                    Some(errno) => io::Error::from_raw_os_error(errno),
+                    None => io::Error::new(e.kind(), e.to_string()),
+                });
+        }
+    }
+
+    /// [`Error::Failed`] for the failures since the last call, if there were any.
+    fn take(&mut self) -> Result<(), Error> {
+        let failed = self.seen - self.at_flush;
+        if failed == 0 {
+            return Ok(());
+        }
+        self.at_flush = self.seen;
+        let source = self.first.take().unwrap_or_else(|| {
+            io::Error::other("a released buffer carried an error (taken before this flush)")
+        });
+        Err(Error::Failed {
+            failed: failed as usize,
+            source,
+        })
     }
 }
 

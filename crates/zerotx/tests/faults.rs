@@ -96,12 +96,8 @@ fn datagrams(
         }
         tx.reap(&mut out).unwrap();
     }
-    tx.flush(Duration::from_secs(20)).unwrap_or_else(|e| {
-        panic!(
-            "{kind} {dest}: buffers stuck after drops: {e}; {:?}",
-            tx.stats()
-        )
-    });
+    let what = format!("{kind} {dest}: buffers stuck after drops");
+    util::flush_after_faults(&mut tx, Duration::from_secs(20), &what);
     tx.reap(&mut out).unwrap();
     o.stats = tx.stats();
     assert_eq!(
@@ -331,7 +327,7 @@ fn a_refused_datagram_in_a_batch_is_reported_not_swallowed() {
                 Err(e) => panic!("{kind}: {e}"),
             }
             offered -= batch.len();
-            tx.flush(Duration::from_secs(5)).unwrap();
+            util::flush_after_faults(&mut tx, Duration::from_secs(5), kind.name());
             tx.reap(&mut out).unwrap();
             for r in out.drain(..) {
                 released += 1;
@@ -609,7 +605,7 @@ fn a_fault_inside_a_gathered_stream_batch_is_that_buffers_alone() {
     let mut batch = faulting_batch(a, b, c);
     let result = tx.send_batch(&mut batch);
     let mut out = Vec::new();
-    tx.flush(Duration::from_secs(10)).unwrap();
+    util::flush_after_faults(&mut tx, Duration::from_secs(10), "the faulting batch");
     tx.reap(&mut out).unwrap();
     let stats = tx.stats();
     drop(tx.close(Duration::from_secs(1)));
@@ -667,7 +663,7 @@ fn a_fault_inside_autos_written_run_ends_the_stream_there() {
     tx.send_batch(&mut batch)
         .expect("accepted: a request's failure comes with its release");
     let mut out = Vec::new();
-    tx.flush(Duration::from_secs(10)).unwrap();
+    util::flush_after_faults(&mut tx, Duration::from_secs(10), "the faulting run");
     tx.reap(&mut out).unwrap();
     let stats = tx.stats();
     let after = tx.send(Guarded::new(4096, 0, false));
@@ -724,8 +720,7 @@ fn a_stream_that_failed_part_way_sends_nothing_more() {
         tx.send(Guarded::new(data, 0, true)).unwrap();
         let next = tx.send(Guarded::new(64 * 1024, data as u64, false));
         let mut out = Vec::new();
-        tx.flush(Duration::from_secs(10))
-            .unwrap_or_else(|e| panic!("{kind}: {e}"));
+        util::flush_after_faults(&mut tx, Duration::from_secs(10), kind.name());
         tx.reap(&mut out).unwrap();
         let later = tx.try_send(Guarded::new(4096, 0, false));
         assert!(

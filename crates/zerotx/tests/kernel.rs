@@ -371,8 +371,8 @@ fn peer_reset_mid_transfer_fails_clearly_and_returns_every_buffer() {
             ),
             "{kind}: {err}"
         );
-        tx.flush(Duration::from_secs(10))
-            .unwrap_or_else(|e| panic!("{kind}: buffers stuck after reset: {e}"));
+        let what = format!("{kind}: buffers stuck after reset");
+        util::flush_after_faults(&mut tx, Duration::from_secs(10), &what);
         tx.reap(&mut out).unwrap();
         back += out.len();
         // Once a buffer came back short or failed, the stream is over: every buffer after it

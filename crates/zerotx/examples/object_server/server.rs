@@ -472,9 +472,11 @@ async fn zerotx_requests(
         // once): a peer that stopped reading it is timed out here too, not only in `send`.
         let req = tokio::select! {
             r = read_request(rd, &mut buf, cfg.idle_timeout) => r?,
-            () = stalled(tx, cfg.write_timeout) => {
-                stats.write_timeouts.fetch_add(1, Relaxed);
-                return Err(std::io::ErrorKind::TimedOut.into());
+            e = stalled(tx, cfg.write_timeout) => {
+                if e.kind() == std::io::ErrorKind::TimedOut {
+                    stats.write_timeouts.fetch_add(1, Relaxed);
+                }
+                return Err(e);
             }
         };
         let Some(req) = req else {
@@ -510,16 +512,20 @@ async fn zerotx_requests(
     Ok(())
 }
 
-/// Resolves when buffers are held and none was released for `timeout`; never once nothing is
-/// held (nothing is sent while the caller waits for the next request).
-async fn stalled(tx: &AsyncSender<Bytes>, timeout: Duration) {
+/// Resolves when buffers are held and none was released for `timeout` (`TimedOut`), or when a
+/// flush says a body was cut short (the peer reset: `Error::Failed`, the stream is over); never
+/// once nothing is held (nothing is sent while the caller waits for the next request).
+async fn stalled(tx: &AsyncSender<Bytes>, timeout: Duration) -> std::io::Error {
     loop {
         let before = tx.in_flight();
         if before == 0 {
             return std::future::pending().await;
         }
-        if tx.flush(timeout).await.is_err() && tx.in_flight() >= before {
-            return;
+        match tx.flush(timeout).await {
+            Ok(()) => {}
+            Err(e @ zerotx::Error::Failed { .. }) => return e.into(),
+            Err(e) if tx.in_flight() >= before => return e.into(),
+            Err(_) => {}
         }
     }
 }
@@ -581,7 +587,8 @@ async fn finish(tx: AsyncSender<Bytes>, rd: &TcpStream, cfg: &Config, stats: &St
     loop {
         let before = tx.in_flight();
         match tx.flush(cfg.close_timeout).await {
-            Ok(()) => break,
+            // Everything released; a body cut short (`Error::Failed`) is counted by its report.
+            Ok(()) | Err(zerotx::Error::Failed { .. }) => break,
             Err(_) if tx.in_flight() < before => continue, // still reading: wait on
             Err(_) => {
                 stats.aborted.fetch_add(1, Relaxed);

@@ -41,6 +41,8 @@ pub(super) struct State<B: SendBuf> {
     write_closed: bool,
     /// An error from making progress, for the owner's next wait.
     pub(super) error: Option<io::Error>,
+    /// The last reap failed (whether or not the owner took its error since).
+    reap_failed: bool,
     /// The owner is gone (closed, or dropped): after `deadline` (dropped with buffers held), or
     /// at once (closed), the driver ends.
     pub(super) leaving: Option<Leave>,
@@ -66,6 +68,7 @@ impl<B: SendBuf> Shared<B> {
                 blocked: 0,
                 write_closed: false,
                 error: None,
+                reap_failed: false,
                 leaving: None,
             }),
             driver: Notify::new(),
@@ -76,6 +79,20 @@ impl<B: SendBuf> Shared<B> {
     /// Locks, recovering from a poisoned lock (every update is whole under one lock).
     pub(super) fn lock(&self) -> MutexGuard<'_, State<B>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The last of the owner and the driver is gone and neither closed the sender: the runtime shut
+/// down (dropping the driver task before it ended), or a `close` was cancelled. Waiting here for
+/// completions would block the thread dropping it, once per sender (a runtime's shutdown drops
+/// its tasks one after another: 1 s each in the blocking [`Sender`]'s own drop). So it closes at
+/// once: what the kernel released is collected and freed, and what it may still read is kept
+/// (leaked, counted in [`leaked_buffers`](crate::leaked_buffers)), never freed.
+impl<B: SendBuf> Drop for State<B> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take() {
+            drop(tx.close(Duration::ZERO));
+        }
     }
 }
 
@@ -92,7 +109,9 @@ impl<B: SendBuf> State<B> {
         let Some(tx) = self.tx.as_mut() else {
             return 0;
         };
-        if let Err(e) = tx.reap(&mut self.scratch) {
+        let res = tx.reap(&mut self.scratch);
+        self.reap_failed = res.is_err();
+        if let Err(e) = res {
             self.error = Some(e);
         }
         let n = self.scratch.len();
@@ -119,6 +138,13 @@ impl<B: SendBuf> State<B> {
         n
     }
 }
+
+/// The first pause before a progress that failed is tried again, doubled after each failure in a
+/// row up to [`RETRY_MAX`]: an `io_uring_enter` that keeps failing (`EAGAIN`, `ENOMEM`: the
+/// kernel is short of memory) is retried without keeping the executor busy, and soon after it
+/// works again.
+const RETRY_FIRST: Duration = Duration::from_millis(1);
+const RETRY_MAX: Duration = Duration::from_millis(64);
 
 /// What to wait for next.
 enum Wait {
@@ -172,8 +198,10 @@ async fn ready(
 /// The driver: runs until the owner leaves (and, after a drop, until the kernel released
 /// everything or the drop deadline passed). Owns the registration of the readiness descriptor.
 pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedFd>, ring: bool) {
+    // The pause before the next try when progress fails again and again; `None` while it works.
+    let mut retry: Option<Duration> = None;
     loop {
-        let wait = {
+        let (wait, failed) = {
             let mut st = shared.lock();
             let n = st.reap();
             if n > 0 || st.error.is_some() {
@@ -197,8 +225,9 @@ pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedF
             }
             let wait = what_to_wait_for(&mut st, ring);
             st.idle = matches!(wait, Wait::Idle);
-            wait
+            (wait, st.reap_failed)
         };
+        retry = failed.then(|| retry.map_or(RETRY_FIRST, |r| (r * 2).min(RETRY_MAX)));
         let drain_deadline = match shared.lock().leaving {
             Some(Leave::Drain(d)) => Some(d),
             _ => None,
@@ -210,7 +239,19 @@ pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedF
                 Some(_) => {} // nothing held: the next turn closes
                 None => shared.driver.notified().await,
             },
-            Wait::Now => ::tokio::task::yield_now().await,
+            Wait::Now => match retry {
+                // Progress failed, and would fail again at once: pause, unless the owner wakes
+                // the driver (a new send, a close).
+                Some(pause) => {
+                    let until = Instant::now() + pause;
+                    let until = drain_deadline.map_or(until, |d| d.min(until));
+                    ::tokio::select! {
+                        () = shared.driver.notified() => {}
+                        () = ::tokio::time::sleep_until(until) => {}
+                    }
+                }
+                None => ::tokio::task::yield_now().await,
+            },
             Wait::Ready(interest, slice) => {
                 let until = match (slice.map(|s| Instant::now() + s), drain_deadline) {
                     (Some(a), Some(b)) => Some(a.min(b)),

@@ -47,8 +47,9 @@
 //! Dropping an `AsyncSender` that still has buffers in the kernel does not wait in `Drop`: its
 //! driver task goes on collecting completions for up to [`DROP_DEADLINE`], then closes the
 //! sender; buffers still held then are kept (counted in [`leaked_buffers`](crate::leaked_buffers)),
-//! never freed. Only when the runtime shuts down before that (dropping the task) does the
-//! blocking [`Sender`]'s own drop run, which waits up to 1 s on the thread dropping it.
+//! never freed. When the runtime shuts down before that (dropping the task), the sender closes
+//! at once, without waiting: what the kernel may still read is kept the same way, so a runtime
+//! with many stalled senders still shuts down at once.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -61,6 +62,7 @@
 //! let stream = tokio::net::TcpStream::connect("127.0.0.1:9000").await?;
 //! let tx = AsyncSender::from_tcp(stream, EngineKind::Auto)?; // zero-copy where it pays
 //! tx.send(object.clone()).await?;           // accepted; waits while the socket is full
+//! tx.flush(Duration::from_secs(5)).await?;  // fails if a buffer came back with an error
 //! while let Some(done) = tx.released().await? {
 //!     println!("{} bytes, zero-copy: {}", done.report.bytes, done.report.path.is_zerocopy());
 //! }
@@ -338,7 +340,10 @@ impl<B: SendBuf> AsyncSender<B> {
     }
 
     /// Waits until the kernel released every buffer, up to `timeout` ([`Error::TimedOut`] names
-    /// how many are still held). Released buffers wait for [`released`](Self::released).
+    /// how many are still held). Released buffers wait for [`released`](Self::released). Once
+    /// none is held, fails with [`Error::Failed`] when a buffer released since the last flush
+    /// carried an error: the rule of [`Sender`](crate::Sender#when-a-send-failed),
+    /// which `send` and `send_batch` follow too (they fail once the stream is known broken).
     pub async fn flush(&self, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -356,7 +361,7 @@ impl<B: SendBuf> AsyncSender<B> {
                 }
                 let held = st.tx().in_flight();
                 if held == 0 {
-                    return Ok(());
+                    return st.tx().flushed();
                 }
                 if Instant::now() >= deadline {
                     return Err(Error::TimedOut { outstanding: held });

@@ -184,6 +184,17 @@ pub fn finish<B: SendBuf>(mut tx: Sender<B>) -> (Vec<Released<B>>, zerotx::Stats
     (out, stats)
 }
 
+/// Flushes a sender that a test made fail on purpose: [`zerotx::Error::Failed`] (buffers released
+/// with an error since the last flush) is what the faults cause, and its count comes back (0 for
+/// `Ok`); any other error panics, naming `what`.
+pub fn flush_after_faults<B: SendBuf>(tx: &mut Sender<B>, timeout: Duration, what: &str) -> usize {
+    match tx.flush(timeout) {
+        Ok(()) => 0,
+        Err(zerotx::Error::Failed { failed, .. }) => failed,
+        Err(e) => panic!("{what}: {e}; {:?}", tx.stats()),
+    }
+}
+
 /// Drops CAP_IPC_LOCK from the effective and permitted sets (so RLIMIT_MEMLOCK applies to root)
 /// and lowers RLIMIT_MEMLOCK to `bytes`.
 pub fn limit_locked_memory(bytes: u64) {
