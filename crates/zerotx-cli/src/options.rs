@@ -235,6 +235,10 @@ pub struct BenchArgs {
     /// Also draw throughput vs size per engine and topology into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Print a line per run on standard error even when it is not a terminal (on a terminal a
+    /// progress bar shows anyway).
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// Checked `zerotx bench` options.
@@ -264,6 +268,8 @@ pub struct BenchOptions {
     pub stdout: Format,
     /// Files to write, each in its format.
     pub exports: Vec<(Format, PathBuf)>,
+    /// A line per run on standard error off a terminal (`--progress`).
+    pub progress: bool,
 }
 
 /// `1400`, `4K`, `64k`, `1M`, `16KiB` -> bytes.
@@ -439,6 +445,7 @@ impl BenchArgs {
             liburing: self.liburing,
             stdout,
             exports,
+            progress: self.progress,
         })
     }
 }
