@@ -11,6 +11,7 @@ use crate::bench::runner::{DEFAULT_BATCH, MAX_BATCH};
 use crate::bench::topology::Choice;
 use crate::bench::Engine;
 use crate::export::Format;
+use crate::units::{self, MAX_SEND};
 
 /// zerotx: zero-copy socket transmit for Linux, measured on this machine.
 #[derive(Debug, Parser)]
@@ -73,12 +74,18 @@ pub struct SendArgs {
     /// UDP datagrams of --size bytes instead of a TCP stream.
     #[arg(long)]
     pub udp: bool,
-    /// Send this many bytes of generated data (K, M, G suffixes), then stop.
-    #[arg(long, value_name = "N", conflicts_with = "time")]
+    /// Send this many bytes of generated data (1024-based K, M, G, T suffixes: 10G, 1.5M), then
+    /// stop.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "time",
+        allow_hyphen_values = true
+    )]
     pub bytes: Option<String>,
     /// Send for this many seconds [default: 10, unless --bytes or --file]; with --file, the file
     /// again and again until the time is up (a benchmark: the receiver gets the file repeated).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub time: Option<f64>,
     /// Send this file (once, unless --time).
     #[arg(long, value_name = "PATH")]
@@ -89,28 +96,45 @@ pub struct SendArgs {
     /// Engine: auto, copy, msg-zc, uring, uring-zc.
     #[arg(long, default_value = "auto")]
     pub engine: String,
-    /// Bytes per send (K, M suffixes) [default: 1M for TCP, 1472 for UDP].
-    #[arg(long, value_name = "BYTES")]
+    /// Bytes per send, at most 64M (K, M, G suffixes as --bytes) [default: 1M for TCP, 1472 for
+    /// UDP].
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
     pub size: Option<String>,
     /// Parallel streams (connections or UDP sockets), each from its own thread.
     #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
     pub parallel: usize,
     /// Cap the rate in bits per second across all streams (K, M, G suffixes, 1000-based)
     /// [default: unlimited].
-    #[arg(long, short = 'b', value_name = "RATE")]
+    #[arg(long, short = 'b', value_name = "RATE", allow_hyphen_values = true)]
     pub bitrate: Option<String>,
     /// Seconds between interval lines; 0 for none.
-    #[arg(long, short = 'i', value_name = "SECS", default_value_t = 1.0)]
+    #[arg(
+        long,
+        short = 'i',
+        value_name = "SECS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub interval: f64,
     /// Print one JSON document at the end (iperf3's start/intervals/end, with zero-copy fields).
     #[arg(long)]
     pub json: bool,
     /// Give up connecting after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 5.0,
+        allow_negative_numbers = true
+    )]
     pub connect_timeout: f64,
     /// After the last byte, wait this long for the kernel to release every buffer and for the
     /// receiver to read everything, then fail.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 10.0,
+        allow_negative_numbers = true
+    )]
     pub linger: f64,
 }
 
@@ -148,10 +172,21 @@ pub struct RecvArgs {
     #[arg(long, short = '1')]
     pub once: bool,
     /// Seconds between interval lines; 0 for none.
-    #[arg(long, short = 'i', value_name = "SECS", default_value_t = 1.0)]
+    #[arg(
+        long,
+        short = 'i',
+        value_name = "SECS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub interval: f64,
     /// UDP: a transfer ends after this many seconds without a datagram.
-    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 2.0,
+        allow_negative_numbers = true
+    )]
     pub idle: f64,
     /// Print one JSON document per transfer (iperf3's start/intervals/end).
     #[arg(long)]
@@ -165,14 +200,20 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Seconds per run of one cell [default: 0.6, or 0.15 with --quick].
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Repetitions per cell, interleaved across engines [default: 3, or 2 with --quick].
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// Bytes per send, comma-separated, K/M suffixes allowed (1400,4K,64K,1M) [default: per
+    /// Bytes per send, comma-separated, at most 64M, K/M/G suffixes as `send --bytes`
+    /// (1400,4K,64K,1M) [default: per
     /// topology, as the kernel's tables].
-    #[arg(long, value_delimiter = ',', value_name = "SIZES")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "SIZES",
+        allow_hyphen_values = true
+    )]
     pub sizes: Option<Vec<String>>,
     /// Engines, comma-separated: copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
     /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines].
@@ -272,25 +313,6 @@ pub struct BenchOptions {
     pub progress: bool,
 }
 
-/// `1400`, `4K`, `64k`, `1M`, `16KiB` -> bytes.
-pub fn parse_size(s: &str) -> anyhow::Result<usize> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let body = lower
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-        .to_string();
-    let (digits, mult) = match body.chars().last() {
-        Some('k') => (&body[..body.len() - 1], 1024),
-        Some('m') => (&body[..body.len() - 1], 1 << 20),
-        _ => (&body[..], 1),
-    };
-    let n: usize = digits.parse().ok().filter(|&n| n > 0).with_context(|| {
-        format!("invalid size {t:?}: give bytes with an optional K or M suffix (1400, 4K, 1M)")
-    })?;
-    Ok(n * mult)
-}
-
 fn parse_vsock(s: &str) -> anyhow::Result<Choice> {
     let (cid, port) = s
         .split_once(':')
@@ -328,7 +350,8 @@ impl BenchArgs {
     pub fn check(self) -> anyhow::Result<BenchOptions> {
         let (def_run, def_repeat) = if self.quick { (0.15, 2) } else { (0.6, 3) };
         let secs = self.duration.unwrap_or(def_run);
-        if !(secs > 0.0 && secs <= 600.0) {
+        units::seconds("--duration", secs)?;
+        if secs > 600.0 {
             bail!("invalid --duration {secs}: give seconds per run, above 0 and at most 600");
         }
         let repeat = self.repeat.unwrap_or(def_repeat);
@@ -337,7 +360,11 @@ impl BenchArgs {
         }
         let sizes = self
             .sizes
-            .map(|v| v.iter().map(|s| parse_size(s)).collect())
+            .map(|v| {
+                v.iter()
+                    .map(|s| units::send_size("--sizes", s, MAX_SEND, "64M"))
+                    .collect()
+            })
             .transpose()?
             .map(|mut v: Vec<usize>| {
                 v.sort_unstable();
@@ -464,13 +491,14 @@ mod tests {
 
     #[test]
     fn sizes_take_suffixes_and_refuse_nonsense() {
-        assert_eq!(parse_size("1400").unwrap(), 1400);
-        assert_eq!(parse_size("4K").unwrap(), 4096);
-        assert_eq!(parse_size("64kib").unwrap(), 65536);
-        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        let o = check(&["--sizes", "1400,4K,64kib,1M,1400"]).unwrap();
+        assert_eq!(o.sizes, Some(vec![1400, 4096, 65536, 1 << 20]));
         for bad in ["", "0", "x", "4G", "-1"] {
-            let e = parse_size(bad).unwrap_err().to_string();
-            assert!(e.contains("invalid size"), "{bad}: {e}");
+            let e = check(&["--sizes", bad]).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("invalid --sizes {bad:?}")),
+                "{bad}: {e}"
+            );
         }
     }
 

@@ -144,42 +144,6 @@ fn parse_vsock(all: &str, rest: &str) -> anyhow::Result<Endpoint> {
     Ok(Endpoint::Vsock { cid, port })
 }
 
-/// `10G`, `512M`, `100K`, `1500` -> bytes (1024-based, as iperf3's `-n`).
-pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
-    parse_scaled(s, 1024).with_context(|| {
-        format!(
-            "invalid byte count {s:?}: give at least 1 byte, a number with an optional K, M or G \
-             suffix (10G)"
-        )
-    })
-}
-
-/// `100M`, `2.5G`, `800K` -> bits per second (1000-based, as iperf3's `-b`).
-pub fn parse_bitrate(s: &str) -> anyhow::Result<u64> {
-    parse_scaled(s, 1000).with_context(|| {
-        format!(
-            "invalid bitrate {s:?}: give at least 1 bit per second, a number with an optional K, \
-             M or G suffix (100M)"
-        )
-    })
-}
-
-fn parse_scaled(s: &str, base: u64) -> Option<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last()?.to_ascii_uppercase() {
-        'K' => (&t[..t.len() - 1], base),
-        'M' => (&t[..t.len() - 1], base * base),
-        'G' => (&t[..t.len() - 1], base * base * base),
-        'T' => (&t[..t.len() - 1], base * base * base * base),
-        _ => (t, 1),
-    };
-    let v: f64 = num.parse().ok()?;
-    let scaled = (v * mult as f64).round();
-    // At least one unit: 0.4 would round to a rate of nothing (a division by zero when pacing)
-    // or a transfer of nothing.
-    (v.is_finite() && scaled >= 1.0 && scaled < u64::MAX as f64).then_some(scaled as u64)
-}
-
 /// Bytes as iperf3 prints a transfer: `4.12 GBytes`, `512 KBytes`.
 pub fn fmt_bytes(b: u64) -> String {
     let units = ["Bytes", "KBytes", "MBytes", "GBytes", "TBytes"];
@@ -367,16 +331,16 @@ mod tests {
 
     #[test]
     fn units_parse_and_print_as_iperf3_does() {
-        assert_eq!(parse_bytes("1500").unwrap(), 1500);
-        assert_eq!(parse_bytes("10G").unwrap(), 10 << 30);
-        assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
-        assert_eq!(parse_bitrate("100M").unwrap(), 100_000_000);
-        assert_eq!(parse_bitrate("2.5G").unwrap(), 2_500_000_000);
+        use crate::units::{bitrate, bytes};
+        assert_eq!(bytes("-n", "1500").unwrap(), 1500);
+        assert_eq!(bytes("-n", "10G").unwrap(), 10 << 30);
+        assert_eq!(bytes("-n", "1.5k").unwrap(), 1536);
+        assert_eq!(bitrate("-b", "100M").unwrap(), 100_000_000);
+        assert_eq!(bitrate("-b", "2.5G").unwrap(), 2_500_000_000);
         for bad in ["", "0", "-1", "G", "1X", "nan", "0.4", "inf", "1e30G"] {
-            assert!(parse_bytes(bad).is_err(), "{bad}");
-            assert!(parse_bitrate(bad).is_err(), "{bad}");
+            assert!(bytes("-n", bad).is_err(), "{bad}");
+            assert!(bitrate("-b", bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_bitrate("0.6").unwrap(), 1);
         assert_eq!(fmt_bytes(512), "512 Bytes");
         assert_eq!(fmt_bytes(4_423_000_000), "4.12 GBytes");
         assert_eq!(fmt_bitrate(35.4e9), "35.4 Gbits/sec");

@@ -49,16 +49,7 @@ struct Opts {
 
 impl Opts {
     fn check(args: &RecvArgs) -> anyhow::Result<Self> {
-        let secs = |name: &str, v: f64, zero_ok: bool| -> anyhow::Result<Duration> {
-            if !v.is_finite() || v < 0.0 || (v == 0.0 && !zero_ok) || v > 1e6 {
-                bail!(
-                    "invalid {name} {v}: give seconds{}",
-                    if zero_ok { " (0 for none)" } else { " above 0" }
-                );
-            }
-            Ok(Duration::from_secs_f64(v))
-        };
-        let interval = secs("--interval", args.interval, true)?;
+        let interval = crate::units::seconds_or_none("--interval", args.interval)?;
         Ok(Self {
             proto: if args.udp { Proto::Udp } else { Proto::Tcp },
             verify: args.verify,
@@ -69,8 +60,8 @@ impl Opts {
                 .transpose()?
                 .map(Arc::new),
             once: args.once,
-            interval: (!interval.is_zero()).then_some(interval),
-            idle: secs("--idle", args.idle, false)?,
+            interval,
+            idle: crate::units::seconds("--idle", args.idle)?,
             json: args.json,
         })
     }

@@ -12,8 +12,9 @@ use anyhow::{bail, Context};
 use socket2::{Domain, SockAddr, Socket, Type};
 use zerotx::EngineKind;
 
-use crate::options::{parse_size, FileVia, SendArgs};
-use crate::transfer::{parse_bitrate, parse_bytes, resolve, Endpoint, Proto};
+use crate::options::{FileVia, SendArgs};
+use crate::transfer::{resolve, Endpoint, Proto};
+use crate::units::{self, MAX_SEND};
 
 /// Largest UDP payload over IPv4 (65535 - 20 - 8); IPv6 allows 20 more, but one rule is simpler.
 const UDP_MAX: usize = 65_507;
@@ -93,13 +94,6 @@ pub struct Plan {
     pub linger: Duration,
 }
 
-fn secs(v: f64, flag: &str, what: &str) -> anyhow::Result<Duration> {
-    if !(v.is_finite() && v > 0.0 && v <= 1e6) {
-        bail!("invalid {flag} {v}: give {what} above 0");
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
 impl Plan {
     /// Checks every flag, resolves the address and opens the file (not the connections).
     pub fn check(a: SendArgs) -> anyhow::Result<Self> {
@@ -111,7 +105,7 @@ impl Plan {
         }
         let proto = if a.udp { Proto::Udp } else { Proto::Tcp };
         let size = match &a.size {
-            Some(s) => parse_size(s).context("invalid --size")?,
+            Some(s) => units::send_size("--size", s, MAX_SEND, "64M")?,
             None if a.udp => 1472,
             // Measured on loopback (median of 6 interleaved runs each): 1 MiB sends moved ~20
             // Gbit/s, 256 KiB ~17.5, 4 MiB ~16.6.
@@ -122,13 +116,10 @@ impl Plan {
                 "invalid --size {size} with --udp: a UDP datagram carries at most {UDP_MAX} bytes"
             );
         }
-        if size > 64 << 20 {
-            bail!("invalid --size {size}: give at most 64M per send");
-        }
         if a.parallel == 0 || a.parallel > 128 {
             bail!("invalid --parallel {}: give 1 to 128 streams", a.parallel);
         }
-        let time = a.time.map(|t| secs(t, "--time", "seconds")).transpose()?;
+        let time = a.time.map(|t| units::seconds("--time", t)).transpose()?;
         let source = match &a.file {
             Some(path) => {
                 if a.bytes.is_some() {
@@ -173,9 +164,8 @@ impl Plan {
                 bytes: a
                     .bytes
                     .as_deref()
-                    .map(parse_bytes)
-                    .transpose()
-                    .context("invalid --bytes")?,
+                    .map(|b| units::bytes("--bytes", b))
+                    .transpose()?,
             },
         };
         let time = match (&source, time) {
@@ -186,19 +176,10 @@ impl Plan {
         let rate = a
             .bitrate
             .as_deref()
-            .map(parse_bitrate)
-            .transpose()
-            .context("invalid --bitrate")?
+            .map(|b| units::bitrate("--bitrate", b))
+            .transpose()?
             .map(|bits| bits as f64 / 8.0);
-        if !(a.interval.is_finite() && a.interval >= 0.0) {
-            bail!(
-                "invalid --interval {}: give seconds, or 0 for none",
-                a.interval
-            );
-        }
-        let interval = (a.interval > 0.0)
-            .then(|| secs(a.interval, "--interval", "seconds"))
-            .transpose()?;
+        let interval = units::seconds_or_none("--interval", a.interval)?;
         Ok(Self {
             addr: a.addr,
             endpoints,
@@ -211,8 +192,8 @@ impl Plan {
             rate,
             interval,
             json: a.json,
-            connect_timeout: secs(a.connect_timeout, "--connect-timeout", "seconds")?,
-            linger: secs(a.linger, "--linger", "seconds")?,
+            connect_timeout: units::seconds("--connect-timeout", a.connect_timeout)?,
+            linger: units::seconds("--linger", a.linger)?,
         })
     }
 
