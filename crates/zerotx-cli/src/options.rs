@@ -15,7 +15,7 @@ use crate::units::{self, MAX_SEND};
 
 /// zerotx: zero-copy socket transmit for Linux, measured on this machine.
 #[derive(Debug, Parser)]
-#[command(name = "zerotx", version, about, propagate_version = true)]
+#[command(name = "zerotx", version, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -72,12 +72,13 @@ pub struct SendArgs {
     /// Where to send: HOST:PORT, `[IPV6]:PORT`, HOST (port 5201) or vsock:CID:PORT.
     pub addr: String,
     /// UDP datagrams of --size bytes instead of a TCP stream.
-    #[arg(long)]
+    #[arg(long, short = 'u')]
     pub udp: bool,
     /// Send this many bytes of generated data (1024-based K, M, G, T suffixes: 10G, 1.5M), then
     /// stop.
     #[arg(
         long,
+        short = 'n',
         value_name = "N",
         conflicts_with = "time",
         allow_hyphen_values = true
@@ -85,7 +86,7 @@ pub struct SendArgs {
     pub bytes: Option<String>,
     /// Send for this many seconds [default: 10, unless --bytes or --file]; with --file, the file
     /// again and again until the time is up (a benchmark: the receiver gets the file repeated).
-    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
+    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
     pub time: Option<f64>,
     /// Send this file (once, unless --time).
     #[arg(long, value_name = "PATH")]
@@ -98,7 +99,13 @@ pub struct SendArgs {
     pub engine: String,
     /// Bytes per send, at most 64M (K, M, G suffixes as --bytes) [default: 1M for TCP, 1472 for
     /// UDP].
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
+    #[arg(
+        long,
+        short = 'l',
+        visible_alias = "length",
+        value_name = "BYTES",
+        allow_hyphen_values = true
+    )]
     pub size: Option<String>,
     /// Parallel streams (connections or UDP sockets), each from its own thread.
     #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
@@ -117,8 +124,27 @@ pub struct SendArgs {
     )]
     pub interval: f64,
     /// Print one JSON document at the end (iperf3's start/intervals/end, with zero-copy fields).
-    #[arg(long)]
+    #[arg(long, short = 'J')]
     pub json: bool,
+    /// Only IPv4 addresses of ADDR.
+    #[arg(long = "version4", short = '4', conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// Only IPv6 addresses of ADDR.
+    #[arg(long = "version6", short = '6')]
+    pub ipv6: bool,
+    /// Send from this local address (HOST or HOST:PORT).
+    #[arg(long, short = 'B', value_name = "HOST")]
+    pub bind: Option<String>,
+    /// Socket send buffer (SO_SNDBUF), bytes with K/M suffixes; the kernel doubles it and caps
+    /// it at net.core.wmem_max.
+    #[arg(long, short = 'w', value_name = "BYTES", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Write the output to FILE (appended) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub logfile: Option<PathBuf>,
+    /// Also print the host, the kernel and the settings before the transfer.
+    #[arg(long, short = 'V')]
+    pub verbose: bool,
     /// Give up connecting after this many seconds.
     #[arg(
         long,
@@ -149,11 +175,18 @@ pub struct SendArgs {
     text output keeps none)."
 )]
 pub struct RecvArgs {
-    /// Where to listen: PORT, HOST:PORT, `[IPV6]:PORT`, vsock:PORT or vsock:CID:PORT.
-    #[arg(long, short = 'l', value_name = "ADDR", default_value = "5201")]
+    /// Where to listen: PORT, HOST:PORT, `[IPV6]:PORT`, HOST (port 5201), vsock:PORT or
+    /// vsock:CID:PORT (`-B HOST` as iperf3's bind).
+    #[arg(
+        long,
+        short = 'l',
+        short_alias = 'B',
+        value_name = "ADDR",
+        default_value = "5201"
+    )]
     pub listen: String,
     /// Receive UDP datagrams instead of TCP connections.
-    #[arg(long)]
+    #[arg(long, short = 'u')]
     pub udp: bool,
     /// Check that what arrives is `zerotx send`'s generated stream: the first wrong byte is
     /// reported at once (stream and offset) and the exit status is non-zero when the transfer
@@ -189,8 +222,18 @@ pub struct RecvArgs {
     )]
     pub idle: f64,
     /// Print one JSON document per transfer (iperf3's start/intervals/end).
-    #[arg(long)]
+    #[arg(long, short = 'J')]
     pub json: bool,
+    /// Socket receive buffer (SO_RCVBUF), bytes with K/M suffixes; the kernel doubles it and caps
+    /// it at net.core.rmem_max.
+    #[arg(long, short = 'w', value_name = "BYTES", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Write the output to FILE (appended) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub logfile: Option<PathBuf>,
+    /// Also print the host and the kernel when listening.
+    #[arg(long, short = 'V')]
+    pub verbose: bool,
 }
 
 /// `zerotx bench` flags.

@@ -2,6 +2,7 @@
 //! on the wire (no header, no control connection), so any receiver or sender on the other end
 //! works. Shared here: addresses, units, the interval lines.
 
+pub mod iperf3;
 pub mod pattern;
 pub mod recv;
 pub mod send;
@@ -162,6 +163,35 @@ pub fn fmt_bytes(b: u64) -> String {
     } else {
         format!("{v:.0} {}", units[i])
     }
+}
+
+/// The host as iperf3 names it: `Linux HOST RELEASE ARCH`.
+pub fn system_info() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "Linux {} {} {}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/osrelease"),
+        std::env::consts::ARCH
+    )
+}
+
+/// What `-V` prints first: the version, the host and the time, as iperf3 does.
+pub fn verbose_header() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    crate::stdout::outln!(
+        "zerotx {}\n{}\nTime: {}",
+        env!("CARGO_PKG_VERSION"),
+        system_info(),
+        http_date(now)
+    );
 }
 
 /// Bits per second as iperf3 prints a bitrate: `35.4 Gbits/sec`.

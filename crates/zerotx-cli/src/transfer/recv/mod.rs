@@ -70,15 +70,26 @@ impl Opts {
 /// Runs `zerotx recv`.
 pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     let endpoint = listen_endpoint(&args.listen)?;
+    if let Some(l) = args.logfile.as_deref() {
+        crate::stdout::log_to(l)?;
+    }
+    let window = args
+        .window
+        .as_deref()
+        .map(|w| crate::units::send_size("--window", w, i32::MAX as usize / 2, "1G"))
+        .transpose()?;
+    if args.verbose && !args.json {
+        super::verbose_header();
+    }
     // Opens --output now, before any sender connects.
     let opts = Opts::check(&args)?;
     match (opts.proto, endpoint) {
         (Proto::Tcp, Endpoint::Ip(addr)) => {
-            let (sock, addr) = listen_ip(addr, Proto::Tcp)?;
+            let (sock, addr) = listen_ip(addr, Proto::Tcp, window)?;
             tcp::serve(&opts, sock, &Endpoint::Ip(addr).to_string())
         }
         (Proto::Udp, Endpoint::Ip(addr)) => {
-            let (sock, addr) = listen_ip(addr, Proto::Udp)?;
+            let (sock, addr) = listen_ip(addr, Proto::Udp, window)?;
             udp::serve(&opts, sock.into(), &addr.to_string())
         }
         (Proto::Tcp, Endpoint::Vsock { cid, port }) => tcp::serve(
@@ -94,7 +105,12 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
 
 /// A bound (and for TCP, listening) socket on `addr`, and the address it got. The IPv6 wildcard
 /// takes IPv4 too (`IPV6_V6ONLY` off), and falls back to `0.0.0.0` where IPv6 is missing.
-fn listen_ip(addr: SocketAddr, proto: Proto) -> anyhow::Result<(Socket, SocketAddr)> {
+/// `window` (`-w`) sets `SO_RCVBUF`, which accepted connections inherit.
+fn listen_ip(
+    addr: SocketAddr,
+    proto: Proto,
+    window: Option<usize>,
+) -> anyhow::Result<(Socket, SocketAddr)> {
     let bind = |a: SocketAddr| -> io::Result<Socket> {
         let ty = match proto {
             Proto::Tcp => Type::STREAM,
@@ -110,9 +126,12 @@ fn listen_ip(addr: SocketAddr, proto: Proto) -> anyhow::Result<(Socket, SocketAd
             s.set_reuse_address(true)?;
         }
         s.bind(&a.into())?;
+        if let Some(w) = window {
+            s.set_recv_buffer_size(w)?;
+        }
         if proto == Proto::Tcp {
             s.listen(1024)?;
-        } else {
+        } else if window.is_none() {
             // Best effort: a bigger queue loses fewer datagrams at high rates (capped by
             // net.core.rmem_max).
             let _ = s.set_recv_buffer_size(8 << 20);
@@ -236,7 +255,7 @@ mod tests {
     fn a_port_in_use_names_the_address_and_the_likely_holder() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let e = listen_ip(addr, Proto::Tcp).unwrap_err().to_string();
+        let e = listen_ip(addr, Proto::Tcp, None).unwrap_err().to_string();
         assert!(e.contains(&addr.to_string()), "{e}");
         assert!(e.contains("already in use"), "{e}");
     }

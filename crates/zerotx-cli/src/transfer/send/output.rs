@@ -13,7 +13,9 @@ use super::plan::{Conn, Plan, Source};
 use super::stream::{ByPath, Counters, End};
 use super::tcp_info::TcpSample;
 use crate::stdout::outln;
-use crate::transfer::{bitrate, fmt_bytes, host_port, http_date, interval_line, Endpoint, Proto};
+use crate::transfer::{
+    bitrate, fmt_bytes, host_port, http_date, interval_line, system_info, Endpoint, Proto,
+};
 
 /// What the progress bar counts to.
 #[derive(Debug, Clone, Copy)]
@@ -126,6 +128,9 @@ impl Output {
             Source::Generated { .. } => None,
         };
         if !plan.json {
+            if plan.verbose {
+                crate::transfer::verbose_header();
+            }
             outln!("Connecting to host {host}, port {port}");
             for (id, c) in ids.iter().zip(conns) {
                 let ((lh, lp), (rh, rp)) = (host_port(&c.local), host_port(&c.remote));
@@ -563,20 +568,6 @@ fn via_words(via: &str) -> &'static str {
         "sendfile" => "sendfile(2): page cache straight to the socket",
         _ => "its pages mapped (mmap) and sent by the engine",
     }
-}
-
-fn system_info() -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default()
-    };
-    format!(
-        "Linux {} {} {}",
-        read("/proc/sys/kernel/hostname"),
-        read("/proc/sys/kernel/osrelease"),
-        std::env::consts::ARCH
-    )
 }
 
 #[cfg(test)]

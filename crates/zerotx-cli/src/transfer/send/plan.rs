@@ -88,6 +88,12 @@ pub struct Plan {
     pub interval: Option<Duration>,
     /// One JSON document instead of text.
     pub json: bool,
+    /// `-V`: the host and settings first.
+    pub verbose: bool,
+    /// `-B`: the local address to send from.
+    pub bind: Option<SocketAddr>,
+    /// `-w`: `SO_SNDBUF`, bytes.
+    pub window: Option<usize>,
     /// Per connect attempt.
     pub connect_timeout: Duration,
     /// How long the end may take, and how long without progress counts as a stalled receiver.
@@ -98,7 +104,41 @@ impl Plan {
     /// Checks every flag, resolves the address and opens the file (not the connections).
     pub fn check(a: SendArgs) -> anyhow::Result<Self> {
         let engine: EngineKind = a.engine.trim().parse().map_err(anyhow::Error::msg)?;
-        let endpoints = resolve(&a.addr)?;
+        let mut endpoints = resolve(&a.addr)?;
+        if a.ipv4 || a.ipv6 {
+            let (v4, name) = if a.ipv4 {
+                (true, "IPv4")
+            } else {
+                (false, "IPv6")
+            };
+            endpoints.retain(|e| matches!(e, Endpoint::Ip(ip) if ip.is_ipv4() == v4));
+            if endpoints.is_empty() {
+                bail!(
+                    "{} has no {name} address: drop -{} or give an address of that family",
+                    a.addr.trim(),
+                    if v4 { 4 } else { 6 }
+                );
+            }
+        }
+        if let Some(b) = a.logfile.as_deref() {
+            crate::stdout::log_to(b)?;
+        }
+        let bind = a.bind.as_deref().map(parse_bind).transpose()?;
+        if let Some(b) = bind {
+            endpoints.retain(|e| matches!(e, Endpoint::Ip(ip) if ip.is_ipv4() == b.is_ipv4()));
+            if endpoints.is_empty() {
+                bail!(
+                    "-B {b}: {} has no address of that family, or is vsock: give a local address \
+                     of the receiver's family",
+                    a.addr.trim()
+                );
+            }
+        }
+        let window = a
+            .window
+            .as_deref()
+            .map(|w| units::send_size("--window", w, i32::MAX as usize / 2, "1G"))
+            .transpose()?;
         let vsock = matches!(endpoints[0], Endpoint::Vsock { .. });
         if vsock && a.udp {
             bail!("--udp with a vsock address: zerotx sends vsock as a stream; drop --udp");
@@ -192,6 +232,9 @@ impl Plan {
             rate,
             interval,
             json: a.json,
+            verbose: a.verbose,
+            bind,
+            window,
             connect_timeout: units::seconds("--connect-timeout", a.connect_timeout)?,
             linger: units::seconds("--linger", a.linger)?,
         })
@@ -243,10 +286,24 @@ impl Plan {
         Err(anyhow::anyhow!("cannot connect to {named}: {e}: {hint}"))
     }
 
+    /// `-w` and (TCP) `-B` on a socket before it connects.
+    fn prepare(&self, s: &Socket) -> io::Result<()> {
+        if let Some(w) = self.window {
+            s.set_send_buffer_size(w)?;
+        }
+        if let (Some(b), Type::STREAM) = (self.bind, s.r#type()?) {
+            s.bind(&b.into())?;
+        }
+        Ok(())
+    }
+
     fn try_connect(&self, ep: Endpoint) -> io::Result<Conn> {
         match (ep, self.proto) {
             (Endpoint::Ip(a), Proto::Tcp) => {
-                let s = TcpStream::connect_timeout(&a, self.connect_timeout)?;
+                let s = Socket::new(Domain::for_address(a), Type::STREAM, None)?;
+                self.prepare(&s)?;
+                s.connect_timeout(&a.into(), self.connect_timeout)?;
+                let s = TcpStream::from(s);
                 // Until the stream ends in order, its close resets the connection: a sender
                 // that fails or is killed tells the receiver the stream was cut short, where
                 // a plain close would look like its end. `End::end_socket` sets it back.
@@ -264,7 +321,8 @@ impl Plan {
                 } else {
                     "[::]:0".parse().expect("literal")
                 };
-                let s = UdpSocket::bind(any)?;
+                let s = UdpSocket::bind(self.bind.unwrap_or(any))?;
+                self.prepare(&socket2::SockRef::from(&s))?;
                 s.connect(a)?;
                 Ok(Conn {
                     local: s.local_addr()?.to_string(),
@@ -290,6 +348,24 @@ impl Plan {
                 })
             }
         }
+    }
+}
+
+/// `-B`: `IP` or `IP:PORT` (port 0, any, when none).
+fn parse_bind(s: &str) -> anyhow::Result<SocketAddr> {
+    let t = s.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    match t
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<std::net::IpAddr>()
+    {
+        Ok(ip) => Ok(SocketAddr::new(ip, 0)),
+        Err(_) => bail!(
+            "invalid -B {t:?}: give a local IP address to send from (192.0.2.1, ::1, or with a \
+             port, 192.0.2.1:6000)"
+        ),
     }
 }
 
