@@ -29,8 +29,8 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// What this host supports for zero-copy transmit, and what to tune.
     Probe {
-        /// Print JSON for scripts instead of a table.
-        #[arg(long, conflicts_with = "explain")]
+        /// Print JSON for scripts instead of a table (with --explain, an `explain` array).
+        #[arg(long)]
         json: bool,
         /// Also say, in plain words, why zero-copy is or is not engaged: the auto engine's
         /// decisions on real sockets here (TCP loopback; as root, UDP through a device in a
@@ -258,8 +258,9 @@ pub struct BenchArgs {
         allow_hyphen_values = true
     )]
     pub sizes: Option<Vec<String>>,
-    /// Engines, comma-separated: copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
-    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines].
+    /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
+    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines,
+    /// auto first].
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     pub engines: Option<Vec<String>>,
     /// Also measure minimal senders written for the comparison (raw-copy, raw-msg-zc,
@@ -270,8 +271,8 @@ pub struct BenchArgs {
     /// the UDP black hole, as the column liburing-zc-fixed (see scripts/compare-raw.sh).
     #[arg(long, value_name = "PATH")]
     pub liburing: Option<PathBuf>,
-    /// Topologies, comma-separated: tcp-loopback, udp-blackhole [default: both; vsock is added by
-    /// --vsock].
+    /// Topologies, comma-separated: tcp-loopback, udp-blackhole, vsock (with --vsock) [default:
+    /// both, and vsock when --vsock is given].
     #[arg(long, value_delimiter = ',', value_name = "TOPOLOGIES")]
     pub topology: Option<Vec<String>>,
     /// Also measure AF_VSOCK to CID:PORT, a peer that reads and discards (for example
@@ -370,11 +371,15 @@ fn parse_vsock(s: &str) -> anyhow::Result<Choice> {
     })
 }
 
-fn parse_topology(s: &str) -> anyhow::Result<Choice> {
+/// A `--topology` name; `vsock` is the `--vsock` peer, when one is given.
+fn parse_topology(s: &str, vsock: Option<Choice>) -> anyhow::Result<Choice> {
     match s.trim() {
         "tcp-loopback" => Ok(Choice::TcpLoopback),
         "udp-blackhole" => Ok(Choice::UdpBlackhole),
-        "vsock" => bail!("the vsock topology needs a peer: give --vsock CID:PORT"),
+        "vsock" => vsock.context(
+            "the vsock topology needs a peer: give --vsock CID:PORT (a peer that reads and \
+             discards)",
+        ),
         other => bail!(
             "unknown topology {other:?}; expected tcp-loopback or udp-blackhole \
              (and --vsock CID:PORT for vsock)"
@@ -449,15 +454,18 @@ impl BenchArgs {
             ),
             None => {}
         }
-        let mut topologies = match self.topology {
+        let vsock = self.vsock.as_deref().map(parse_vsock).transpose()?;
+        let mut topologies: Vec<Choice> = match self.topology {
             None => vec![Choice::TcpLoopback, Choice::UdpBlackhole],
             Some(v) => v
                 .iter()
-                .map(|t| parse_topology(t))
+                .map(|t| parse_topology(t, vsock))
                 .collect::<anyhow::Result<_>>()?,
         };
-        if let Some(v) = &self.vsock {
-            topologies.push(parse_vsock(v)?);
+        if let Some(v) = vsock {
+            if !topologies.contains(&v) {
+                topologies.push(v);
+            }
         }
         if let Some(sizes) = &sizes {
             for t in &topologies {
@@ -553,6 +561,16 @@ mod tests {
         // Some fit: the others are left out, and the report says so.
         assert!(check(&["--sizes", "1400,64K"]).is_ok());
         assert!(check(&["--sizes", "64K", "--topology", "tcp-loopback"]).is_ok());
+    }
+
+    #[test]
+    fn the_vsock_topology_is_the_vsock_peer() {
+        let o = check(&["--topology", "vsock", "--vsock", "3:1234"]).unwrap();
+        assert_eq!(o.topologies, [Choice::Vsock { cid: 3, port: 1234 }]);
+        let o = check(&["--topology", "tcp-loopback,vsock", "--vsock", "3:1234"]).unwrap();
+        assert_eq!(o.topologies.len(), 2);
+        let e = check(&["--topology", "vsock"]).unwrap_err().to_string();
+        assert!(e.contains("give --vsock CID:PORT"), "{e}");
     }
 
     #[test]

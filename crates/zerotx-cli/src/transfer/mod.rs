@@ -62,12 +62,23 @@ impl fmt::Display for Endpoint {
 /// `HOST:PORT`, `[V6]:PORT`, `HOST` (port 5201), `vsock:CID:PORT`: every address the name
 /// resolves to, in the resolver's order.
 pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
+    resolve_as(s, SEND_FORMS)
+}
+
+/// The address forms `send` takes, for messages.
+const SEND_FORMS: &str = "give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT";
+/// The address forms `recv --listen` takes, for messages.
+const LISTEN_FORMS: &str =
+    "give PORT, HOST:PORT, [IPV6]:PORT, HOST (port 5201), vsock:PORT or vsock:CID:PORT";
+
+/// As [`resolve`], naming `forms` when `s` is no address.
+fn resolve_as(s: &str, forms: &str) -> anyhow::Result<Vec<Endpoint>> {
     let t = s.trim();
     if let Some(rest) = t.strip_prefix("vsock:") {
         return Ok(vec![parse_vsock(t, rest)?]);
     }
     if t.is_empty() {
-        bail!("empty address: give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT");
+        bail!("empty address: {forms}");
     }
     // The resolver reads a bare number as an IPv4 address (70000 is 0.1.17.112): a host that
     // is all digits is a mistake (a port without its host?), never a place to send to.
@@ -78,7 +89,7 @@ pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
     if !host.is_empty() && host.bytes().all(|b| b.is_ascii_digit()) {
         bail!(
             "invalid address {t:?}: {host} is not a host (a number alone reads as an IPv4 \
-             address); give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT"
+             address); {forms}"
         );
     }
     let with_port = if t.parse::<SocketAddr>().is_ok() {
@@ -92,9 +103,7 @@ pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
     };
     let addrs: Vec<_> = with_port
         .to_socket_addrs()
-        .with_context(|| {
-            format!("cannot resolve {t:?}: give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT")
-        })?
+        .with_context(|| format!("cannot resolve {t:?}: {forms}"))?
         .map(Endpoint::Ip)
         .collect();
     if addrs.is_empty() {
@@ -126,7 +135,7 @@ pub fn listen_endpoint(s: &str) -> anyhow::Result<Endpoint> {
             port,
         )));
     }
-    Ok(resolve(t)?[0])
+    Ok(resolve_as(t, LISTEN_FORMS)?[0])
 }
 
 fn parse_vsock(all: &str, rest: &str) -> anyhow::Result<Endpoint> {

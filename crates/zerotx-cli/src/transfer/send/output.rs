@@ -462,7 +462,17 @@ impl Output {
             ));
         }
         if let Some(x) = &explain {
-            text.extend(x.to_string().lines().map(str::to_string));
+            // The engine's words, but its first line from what the kernel did: an engine that
+            // asks for zero-copy is not "engaged" when the kernel copied every send.
+            let state = if !x.zerocopy {
+                "zero-copy not engaged"
+            } else if by_path.zerocopy == 0 && by_path.copied_kernel > 0 {
+                "zero-copy asked for, but the kernel copied every send"
+            } else {
+                "zero-copy engaged"
+            };
+            text.push(format!("engine {} over {}: {state}", x.engine, x.path));
+            text.extend(x.lines.iter().map(|l| format!("  - {l}")));
         }
         let wall = ends
             .iter()
@@ -516,7 +526,9 @@ impl Output {
                 "engine": self.engine.name(),
                 "protocol": self.proto.name(),
                 "path": explain.as_ref().map(|x| x.path),
-                "zerocopy_engaged": explain.as_ref().map(|x| x.zerocopy),
+                "zerocopy_engaged": explain
+                    .as_ref()
+                    .map(|x| x.zerocopy && !(by_path.zerocopy == 0 && by_path.copied_kernel > 0)),
                 "explain": explain.as_ref().map(|x| x.lines.clone()),
                 "bytes_zerocopy": by_path.zerocopy,
                 "bytes_sendfile": by_path.sendfile,
