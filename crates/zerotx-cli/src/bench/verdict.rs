@@ -7,6 +7,12 @@ use super::result::TopologyResult;
 /// `auto` should reach this share of the fastest single engine's throughput at every size.
 pub const AUTO_TARGET: f64 = 0.95;
 
+/// Whether `auto`'s ratio to the fastest single engine misses [`AUTO_TARGET`], judged on the two
+/// decimals the table prints (a `0.95x` is never marked a miss).
+pub fn auto_misses(ratio: f64) -> bool {
+    (ratio * 100.0).round() / 100.0 < AUTO_TARGET
+}
+
 /// Zero-copy pays where the fastest zero-copy engine moves at least this much more than `copy`
 /// (5%: less is within the run-to-run spread of a short benchmark).
 pub const PAYS: f64 = 1.05;
@@ -137,7 +143,7 @@ pub fn of(t: &TopologyResult) -> Option<Verdict> {
         .filter_map(|&s| {
             let r = t.auto_ratio(s)?;
             let (best, _) = t.best_single(s)?;
-            (r < AUTO_TARGET).then(|| (s, r, best.to_string()))
+            auto_misses(r).then(|| (s, r, best.to_string()))
         })
         .collect();
     let use_engine = if auto_ran {
@@ -249,7 +255,8 @@ mod tests {
 
     #[test]
     fn auto_is_recommended_and_its_misses_named() {
-        let v = of(&topology([1.2, 1.2, 1.2], [1.0, 0.9, 0.99], 0)).unwrap();
+        // 0.9491 prints as 0.95x, which meets the target.
+        let v = of(&topology([1.2, 1.2, 1.2], [0.9491, 0.9, 0.99], 0)).unwrap();
         assert_eq!(v.use_engine.as_deref(), Some("auto"));
         assert_eq!(v.auto_misses.len(), 1, "{:?}", v.auto_misses);
         let (size, r, best) = &v.auto_misses[0];

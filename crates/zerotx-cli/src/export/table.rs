@@ -149,7 +149,7 @@ fn auto_block(s: &mut String, t: &TopologyResult) {
                 t.auto_ratio(size).map_or_else(
                     || "n/a".into(),
                     |r| {
-                        let miss = if r < AUTO_TARGET { " !" } else { "" };
+                        let miss = if verdict::auto_misses(r) { " !" } else { "" };
                         format!("{r:.2}x{miss}")
                     },
                 ),
@@ -355,7 +355,7 @@ pub fn verdict_lines(s: &mut String, v: &Verdict) {
             let _ = writeln!(
                 s,
                 "    zero-copy does not pay at the sizes measured: at best {engine} moved \
-                 {ratio:.2}x copy's throughput (at {}); send by copy",
+                 {ratio:.2}x copy's throughput (at {})",
                 size_label(*size)
             );
         }
