@@ -111,7 +111,7 @@ pub struct SendArgs {
     #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
     pub parallel: usize,
     /// Cap the rate in bits per second across all streams (K, M, G suffixes, 1000-based)
-    /// [default: unlimited].
+    /// [default: unlimited; with --udp a warning says so, where iperf3 paces UDP to 1 Mbit/s].
     #[arg(long, short = 'b', value_name = "RATE", allow_hyphen_values = true)]
     pub bitrate: Option<String>,
     /// Seconds between interval lines; 0 for none.

@@ -219,3 +219,25 @@ fn bind_window_and_verbose() {
         text(&out)
     );
 }
+
+#[test]
+fn udp_without_a_rate_warns_that_it_is_unpaced() {
+    let (r, port) = receiver(&["-u", "--idle", "0.5"]);
+    let to = format!("127.0.0.1:{port}");
+    let out = run(&mut zerotx(&["send", &to, "-u", "-n", "1M", "-i", "0"]), T);
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}\n{e}");
+    assert!(e.contains("warning: UDP without -b is not paced"), "{e}");
+    r.wait(T);
+    // With a rate: no warning.
+    let (r, port) = receiver(&["-u", "--idle", "0.5"]);
+    let to = format!("127.0.0.1:{port}");
+    let out = run(
+        &mut zerotx(&["send", &to, "-u", "-n", "64K", "-b", "100M", "-i", "0"]),
+        T,
+    );
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}\n{e}");
+    assert!(!e.contains("warning"), "{e}");
+    r.wait(T);
+}

@@ -219,6 +219,15 @@ impl Plan {
             .map(|b| units::bitrate("--bitrate", b))
             .transpose()?
             .map(|bits| bits as f64 / 8.0);
+        if proto == Proto::Udp && rate.is_none() {
+            // Unpaced on purpose (the tool measures the sending path, and the black hole and
+            // loopback lose nothing by it), but said, since iperf3's -u paces to 1 Mbit/s.
+            eprintln!(
+                "warning: UDP without -b is not paced: it sends as fast as this host can, with \
+                 no congestion control (iperf3 -u sends 1 Mbit/s); give -b RATE on a shared \
+                 network"
+            );
+        }
         let interval = units::seconds_or_none("--interval", a.interval)?;
         Ok(Self {
             addr: a.addr,
