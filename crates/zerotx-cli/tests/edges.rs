@@ -93,3 +93,41 @@ fn zero_copy_is_not_called_engaged_when_the_kernel_copied_everything() {
     assert!(o.contains("the kernel copied every send"), "{o}");
     r.wait(T);
 }
+
+#[test]
+fn sendfile_is_marked_as_such_not_counted_as_zero_copy() {
+    let dir = common::scratch("sendfile-mark");
+    let file = dir.join("f.bin");
+    std::fs::write(&file, common::noise(4 << 20, 7)).unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let r = Proc::spawn(&mut zerotx(&["recv", "-1", "-i", "0", "--listen", &listen]));
+    while !bound(r.0.id(), port, false) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run(
+        &mut zerotx(&[
+            "send",
+            &listen,
+            "--file",
+            file.to_str().unwrap(),
+            "--file-via",
+            "sendfile",
+            "-i",
+            "0",
+        ]),
+        T,
+    );
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}\n{e}");
+    let sender = o
+        .lines()
+        .find(|l| l.ends_with("sender"))
+        .unwrap_or_else(|| panic!("no sender line:\n{o}"));
+    assert!(sender.contains("sendfile"), "{sender}");
+    assert!(
+        !sender.contains('%'),
+        "sendfile counted as a zero-copy share: {sender}"
+    );
+    r.wait(T);
+}

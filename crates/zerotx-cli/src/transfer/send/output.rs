@@ -74,6 +74,7 @@ const HEADER_TCP: &str =
 struct Snap {
     bytes: u64,
     zerocopy: u64,
+    sendfile: u64,
     tcp: Option<TcpSample>,
 }
 
@@ -103,6 +104,16 @@ pub struct Output {
     proto: Proto,
     engine: zerotx::EngineKind,
     file: Option<(String, &'static str)>,
+}
+
+/// The `Zero-copy` column: the share of `whole` sent zero-copy, or `sendfile` where the bytes
+/// went by `sendfile(2)`, whose completions do not say whether the kernel copied.
+fn share(zerocopy: u64, sendfile: u64, whole: u64) -> String {
+    if sendfile > 0 && zerocopy == 0 {
+        "sendfile".into()
+    } else {
+        pct(zerocopy, whole)
+    }
 }
 
 fn pct(part: u64, whole: u64) -> String {
@@ -206,6 +217,7 @@ impl Output {
             .map(|c| Snap {
                 bytes: c.bytes.load(Ordering::Relaxed),
                 zerocopy: c.zerocopy.load(Ordering::Relaxed),
+                sendfile: c.sendfile.load(Ordering::Relaxed),
                 tcp: c.tcp.load(),
             })
             .collect();
@@ -225,7 +237,8 @@ impl Output {
                 .iter()
                 .map(|e| Snap {
                     bytes: e.bytes,
-                    zerocopy: e.by_path.zerocopy + e.by_path.sendfile,
+                    zerocopy: e.by_path.zerocopy,
+                    sendfile: e.by_path.sendfile,
                     tcp: e.tcp.map(|t| t.last),
                 })
                 .collect();
@@ -238,10 +251,11 @@ impl Output {
         let secs = (now - from).as_secs_f64();
         let mut streams = Vec::new();
         let mut lines = Vec::new();
-        let (mut sum_b, mut sum_z, mut sum_r) = (0, 0, 0);
+        let (mut sum_b, mut sum_z, mut sum_s, mut sum_r) = (0, 0, 0, 0);
         for (i, (c, p)) in cur.iter().zip(&self.prev).enumerate() {
             let db = c.bytes.saturating_sub(p.bytes);
             let dz = c.zerocopy.saturating_sub(p.zerocopy);
+            let ds = c.sendfile.saturating_sub(p.sendfile);
             // Retransmits in this interval; the window as last sampled.
             let retr = c.tcp.map(|t| {
                 let before = p.tcp.map_or(0, |p| p.retransmits);
@@ -249,6 +263,7 @@ impl Output {
             });
             sum_b += db;
             sum_z += dz;
+            sum_s += ds;
             sum_r += retr.unwrap_or(0);
             let cols = self.tcp.then(|| (retr.unwrap_or(0), c.tcp.map(|t| t.cwnd)));
             lines.push(interval_line(
@@ -256,13 +271,13 @@ impl Output {
                 from,
                 now,
                 db,
-                &tail(cols, &pct(dz, db)),
+                &tail(cols, &share(dz, ds, db)),
             ));
             let mut doc = json!({
                 "socket": self.ids[i].parse::<u64>().unwrap_or(0),
                 "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
                 "bytes": db, "bits_per_second": bitrate(db, secs),
-                "omitted": false, "sender": true, "zerocopy_bytes": dz,
+                "omitted": false, "sender": true, "zerocopy_bytes": dz, "sendfile_bytes": ds,
             });
             if let (Some(t), Some(r)) = (c.tcp, retr) {
                 doc["retransmits"] = json!(r);
@@ -278,13 +293,16 @@ impl Output {
                 from,
                 now,
                 sum_b,
-                &tail(self.tcp.then_some((sum_r, None)), &pct(sum_z, sum_b)),
+                &tail(
+                    self.tcp.then_some((sum_r, None)),
+                    &share(sum_z, sum_s, sum_b),
+                ),
             ));
         }
         let mut sum = json!({
             "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
             "bytes": sum_b, "bits_per_second": bitrate(sum_b, secs),
-            "omitted": false, "sender": true, "zerocopy_bytes": sum_z,
+            "omitted": false, "sender": true, "zerocopy_bytes": sum_z, "sendfile_bytes": sum_s,
         });
         if self.tcp {
             sum["retransmits"] = json!(sum_r);
@@ -328,7 +346,7 @@ impl Output {
             sum += e.bytes;
             let t = e.finished.saturating_duration_since(start);
             sum_end = sum_end.max(t);
-            let zc = e.by_path.zerocopy + e.by_path.sendfile;
+            let zc = share(e.by_path.zerocopy, e.by_path.sendfile, e.bytes);
             let retr = e.tcp.map_or(0, |m| m.last.retransmits);
             sum_retr += retr;
             text.push(interval_line(
@@ -336,10 +354,7 @@ impl Output {
                 Duration::ZERO,
                 t,
                 e.bytes,
-                &format!(
-                    "{}  sender",
-                    tail(self.tcp.then_some((retr, None)), &pct(zc, e.bytes))
-                ),
+                &format!("{}  sender", tail(self.tcp.then_some((retr, None)), &zc)),
             ));
             let side = |t: Duration, sender: bool| {
                 json!({
@@ -383,7 +398,7 @@ impl Output {
             stream_docs.push(doc);
         }
         if self.ids.len() > 1 {
-            let zc = by_path.zerocopy + by_path.sendfile;
+            let zc = share(by_path.zerocopy, by_path.sendfile, sum);
             text.push(interval_line(
                 "SUM",
                 Duration::ZERO,
@@ -391,7 +406,7 @@ impl Output {
                 sum,
                 &format!(
                     "{}  sender",
-                    tail(self.tcp.then_some((sum_retr, None)), &pct(zc, sum))
+                    tail(self.tcp.then_some((sum_retr, None)), &zc)
                 ),
             ));
             if all_confirmed {

@@ -28,8 +28,10 @@ const SLICE: Duration = Duration::from_millis(100);
 pub struct Counters {
     /// Bytes the kernel took.
     pub bytes: AtomicU64,
-    /// Of those, sent zero-copy (the kernel said so) or by `sendfile`.
+    /// Of those, sent zero-copy (the kernel said so).
     pub zerocopy: AtomicU64,
+    /// Of those, taken by `sendfile(2)` (no completion says how the kernel sent them).
+    pub sendfile: AtomicU64,
     /// TCP only: the connection's last `TCP_INFO` sample.
     pub tcp: Arc<TcpCounters>,
 }
@@ -379,7 +381,7 @@ fn run_sendfile(
                 end.bytes = sent;
                 end.by_path.sendfile = sent;
                 ctl.counters.bytes.store(sent, Ordering::Relaxed);
-                ctl.counters.zerocopy.store(sent, Ordering::Relaxed);
+                ctl.counters.sendfile.store(sent, Ordering::Relaxed);
                 last_progress = Instant::now();
             }
             Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => {
