@@ -126,6 +126,10 @@ pub struct SendArgs {
     /// Print one JSON document at the end (iperf3's start/intervals/end, with zero-copy fields).
     #[arg(long, short = 'J')]
     pub json: bool,
+    /// Print one JSON line per event as it happens (`start`, each `interval`, `end`, and any
+    /// `error`), as iperf3's --json-stream.
+    #[arg(long)]
+    pub json_stream: bool,
     /// Only IPv4 addresses of ADDR.
     #[arg(long = "version4", short = '4', conflicts_with = "ipv6")]
     pub ipv4: bool,

@@ -241,3 +241,45 @@ fn udp_without_a_rate_warns_that_it_is_unpaced() {
     assert!(!e.contains("warning"), "{e}");
     r.wait(T);
 }
+
+#[test]
+fn json_stream_prints_one_line_per_event() {
+    let (r, port) = receiver(&[]);
+    let to = format!("127.0.0.1:{port}");
+    let out = run(
+        &mut zerotx(&[
+            "send",
+            &to,
+            "-t",
+            "0.5",
+            "-i",
+            "0.1",
+            "-b",
+            "100M",
+            "--json-stream",
+        ]),
+        T,
+    );
+    let (o, e) = text(&out);
+    assert!(out.status.success(), "{o}\n{e}");
+    let events: Vec<serde_json::Value> = o
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not one JSON line: {l}")))
+        .collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|v| v["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.first(), Some(&"start"), "{o}");
+    assert_eq!(names.last(), Some(&"end"), "{o}");
+    assert!(
+        names.iter().filter(|n| **n == "interval").count() >= 2,
+        "{o}"
+    );
+    assert!(events[1]["data"]["sum"]["bytes"].is_u64(), "{o}");
+    assert!(
+        events.last().unwrap()["data"]["sum_sent"]["bytes"].is_u64(),
+        "{o}"
+    );
+    r.wait(T);
+}

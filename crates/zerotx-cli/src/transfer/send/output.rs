@@ -94,6 +94,8 @@ const RULE: &str = "- - - - - - - - - - - - - - - - - - - - - - - - -";
 /// The printer, and the JSON document in the making.
 pub struct Output {
     json: bool,
+    /// `--json-stream`: each event on its own line as it happens, no document at the end.
+    stream: bool,
     /// TCP over IP: `TCP_INFO` columns.
     tcp: bool,
     ids: Vec<String>,
@@ -114,6 +116,11 @@ fn share(zerocopy: u64, sendfile: u64, whole: u64) -> String {
     } else {
         pct(zerocopy, whole)
     }
+}
+
+/// One `--json-stream` line: `{"event": NAME, "data": DATA}`, as iperf3 writes them.
+fn event(name: &str, data: Value) {
+    outln!("{}", json!({ "event": name, "data": data }));
 }
 
 fn pct(part: u64, whole: u64) -> String {
@@ -191,8 +198,12 @@ impl Output {
                 "file_via": file.as_ref().map(|f| f.1),
             },
         });
+        if plan.json_stream {
+            event("start", start.clone());
+        }
         Self {
             json: plan.json,
+            stream: plan.json_stream,
             tcp,
             prev: vec![Snap::default(); ids.len()],
             ids,
@@ -307,8 +318,12 @@ impl Output {
         if self.tcp {
             sum["retransmits"] = json!(sum_r);
         }
-        self.intervals
-            .push(json!({ "streams": streams, "sum": sum }));
+        let interval = json!({ "streams": streams, "sum": sum });
+        if self.stream {
+            event("interval", interval);
+        } else {
+            self.intervals.push(interval);
+        }
         if !self.json {
             let print = || lines.iter().for_each(|l| outln!("{l}"));
             match bar {
@@ -567,7 +582,12 @@ impl Output {
             end["sum_received"] = side_sum(sum_conf, false);
         }
         let error = ends.iter().find_map(|e| e.error.as_ref());
-        if self.json {
+        if self.stream {
+            if let Some(e) = error {
+                event("error", json!(format!("{e:#}")));
+            }
+            event("end", end);
+        } else if self.json {
             let mut doc = json!({ "start": self.start, "intervals": self.intervals, "end": end });
             if let Some(e) = error {
                 doc["error"] = json!(format!("{e:#}"));

@@ -88,6 +88,8 @@ pub struct Plan {
     pub interval: Option<Duration>,
     /// One JSON document instead of text.
     pub json: bool,
+    /// JSON, one line per event (`--json-stream`).
+    pub json_stream: bool,
     /// `-V`: the host and settings first.
     pub verbose: bool,
     /// `-B`: the local address to send from.
@@ -240,7 +242,8 @@ impl Plan {
             time,
             rate,
             interval,
-            json: a.json,
+            json: a.json || a.json_stream,
+            json_stream: a.json_stream,
             verbose: a.verbose,
             bind,
             window,
