@@ -228,6 +228,10 @@ pub struct RecvArgs {
     /// Print one JSON document per transfer (iperf3's start/intervals/end).
     #[arg(long, short = 'J')]
     pub json: bool,
+    /// Print one JSON line per event as it happens (`start`, each `interval`, `end`), as
+    /// iperf3's --json-stream: a long-running receiver's output stays one event per line.
+    #[arg(long)]
+    pub json_stream: bool,
     /// Socket receive buffer (SO_RCVBUF), bytes with K/M suffixes; the kernel doubles it and caps
     /// it at net.core.rmem_max.
     #[arg(long, short = 'w', value_name = "BYTES", allow_hyphen_values = true)]

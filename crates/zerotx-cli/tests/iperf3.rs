@@ -283,3 +283,41 @@ fn json_stream_prints_one_line_per_event() {
     );
     r.wait(T);
 }
+
+#[test]
+fn recv_json_stream_prints_one_line_per_event() {
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let r = Proc::spawn(&mut zerotx(&[
+        "recv",
+        "-1",
+        "-i",
+        "0.1",
+        "--listen",
+        &listen,
+        "--json-stream",
+    ]));
+    wait_bound(&r, port, false);
+    let out = run(
+        &mut zerotx(&["send", &listen, "-t", "0.5", "-b", "100M", "-i", "0"]),
+        T,
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    let got = r.wait(T);
+    let (o, e) = text(&got);
+    assert!(got.status.success(), "{o}\n{e}");
+    let names: Vec<String> = o
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|_| panic!("not one JSON line: {l}"));
+            v["event"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(names.first().map(String::as_str), Some("start"), "{o}");
+    assert_eq!(names.last().map(String::as_str), Some("end"), "{o}");
+    assert!(
+        names.iter().filter(|n| *n == "interval").count() >= 2,
+        "{o}"
+    );
+}

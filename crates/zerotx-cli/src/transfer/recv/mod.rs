@@ -45,6 +45,8 @@ struct Opts {
     interval: Option<Duration>,
     idle: Duration,
     json: bool,
+    /// `--json-stream`: one JSON line per event, nothing kept.
+    json_stream: bool,
 }
 
 impl Opts {
@@ -62,7 +64,8 @@ impl Opts {
             once: args.once,
             interval,
             idle: crate::units::seconds("--idle", args.idle)?,
-            json: args.json,
+            json: args.json || args.json_stream,
+            json_stream: args.json_stream,
         })
     }
 }
