@@ -1,7 +1,8 @@
 //! The `zerotx` command, laid out like hyperfine so each piece has its own file:
 //! `options` (every flag, checked into typed options) -> `bench` (topologies, scheduler, runner,
 //! engines) -> `export` (one exporter per format); `probe` prints what the host supports;
-//! `transfer` is `send` and `recv` (iperf3-style bulk transfer); `stdout` is where they print.
+//! `transfer` is `send` and `recv` (iperf3-style bulk transfer); `stdout` is where they print;
+//! `units` reads every size, rate and time the same way.
 //!
 //! Ours, and why: the benchmark method (interleaved repetitions, the same timed loop for every
 //! engine); the transfer's generated stream (`transfer/pattern.rs`: self-locating words, so a
@@ -17,6 +18,7 @@ mod options;
 mod probe;
 mod stdout;
 mod transfer;
+mod units;
 
 use clap::Parser;
 

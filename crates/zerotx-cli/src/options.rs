@@ -11,10 +11,11 @@ use crate::bench::runner::{DEFAULT_BATCH, MAX_BATCH};
 use crate::bench::topology::Choice;
 use crate::bench::Engine;
 use crate::export::Format;
+use crate::units::{self, MAX_SEND};
 
 /// zerotx: zero-copy socket transmit for Linux, measured on this machine.
 #[derive(Debug, Parser)]
-#[command(name = "zerotx", version, about, propagate_version = true)]
+#[command(name = "zerotx", version, about)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -28,8 +29,8 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// What this host supports for zero-copy transmit, and what to tune.
     Probe {
-        /// Print JSON for scripts instead of a table.
-        #[arg(long, conflicts_with = "explain")]
+        /// Print JSON for scripts instead of a table (with --explain, an `explain` array).
+        #[arg(long)]
         json: bool,
         /// Also say, in plain words, why zero-copy is or is not engaged: the auto engine's
         /// decisions on real sockets here (TCP loopback; as root, UDP through a device in a
@@ -71,14 +72,21 @@ pub struct SendArgs {
     /// Where to send: HOST:PORT, `[IPV6]:PORT`, HOST (port 5201) or vsock:CID:PORT.
     pub addr: String,
     /// UDP datagrams of --size bytes instead of a TCP stream.
-    #[arg(long)]
+    #[arg(long, short = 'u')]
     pub udp: bool,
-    /// Send this many bytes of generated data (K, M, G suffixes), then stop.
-    #[arg(long, value_name = "N", conflicts_with = "time")]
+    /// Send this many bytes of generated data (1024-based K, M, G, T suffixes: 10G, 1.5M), then
+    /// stop.
+    #[arg(
+        long,
+        short = 'n',
+        value_name = "N",
+        conflicts_with = "time",
+        allow_hyphen_values = true
+    )]
     pub bytes: Option<String>,
     /// Send for this many seconds [default: 10, unless --bytes or --file]; with --file, the file
     /// again and again until the time is up (a benchmark: the receiver gets the file repeated).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, short = 't', value_name = "SECS", allow_negative_numbers = true)]
     pub time: Option<f64>,
     /// Send this file (once, unless --time).
     #[arg(long, value_name = "PATH")]
@@ -89,28 +97,74 @@ pub struct SendArgs {
     /// Engine: auto, copy, msg-zc, uring, uring-zc.
     #[arg(long, default_value = "auto")]
     pub engine: String,
-    /// Bytes per send (K, M suffixes) [default: 1M for TCP, 1472 for UDP].
-    #[arg(long, value_name = "BYTES")]
+    /// Bytes per send, at most 64M (K, M, G suffixes as --bytes) [default: 1M for TCP, 1472 for
+    /// UDP].
+    #[arg(
+        long,
+        short = 'l',
+        visible_alias = "length",
+        value_name = "BYTES",
+        allow_hyphen_values = true
+    )]
     pub size: Option<String>,
     /// Parallel streams (connections or UDP sockets), each from its own thread.
     #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
     pub parallel: usize,
     /// Cap the rate in bits per second across all streams (K, M, G suffixes, 1000-based)
-    /// [default: unlimited].
-    #[arg(long, short = 'b', value_name = "RATE")]
+    /// [default: unlimited; with --udp a warning says so, where iperf3 paces UDP to 1 Mbit/s].
+    #[arg(long, short = 'b', value_name = "RATE", allow_hyphen_values = true)]
     pub bitrate: Option<String>,
     /// Seconds between interval lines; 0 for none.
-    #[arg(long, short = 'i', value_name = "SECS", default_value_t = 1.0)]
+    #[arg(
+        long,
+        short = 'i',
+        value_name = "SECS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub interval: f64,
     /// Print one JSON document at the end (iperf3's start/intervals/end, with zero-copy fields).
-    #[arg(long)]
+    #[arg(long, short = 'J')]
     pub json: bool,
+    /// Print one JSON line per event as it happens (`start`, each `interval`, `end`, and any
+    /// `error`), as iperf3's --json-stream.
+    #[arg(long)]
+    pub json_stream: bool,
+    /// Only IPv4 addresses of ADDR.
+    #[arg(long = "version4", short = '4', conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// Only IPv6 addresses of ADDR.
+    #[arg(long = "version6", short = '6')]
+    pub ipv6: bool,
+    /// Send from this local address (HOST or HOST:PORT).
+    #[arg(long, short = 'B', value_name = "HOST")]
+    pub bind: Option<String>,
+    /// Socket send buffer (SO_SNDBUF), bytes with K/M suffixes; the kernel doubles it and caps
+    /// it at net.core.wmem_max.
+    #[arg(long, short = 'w', value_name = "BYTES", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Write the output to FILE (appended) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub logfile: Option<PathBuf>,
+    /// Also print the host, the kernel and the settings before the transfer.
+    #[arg(long, short = 'V')]
+    pub verbose: bool,
     /// Give up connecting after this many seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 5.0,
+        allow_negative_numbers = true
+    )]
     pub connect_timeout: f64,
     /// After the last byte, wait this long for the kernel to release every buffer and for the
     /// receiver to read everything, then fail.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 10.0,
+        allow_negative_numbers = true
+    )]
     pub linger: f64,
 }
 
@@ -125,11 +179,18 @@ pub struct SendArgs {
     text output keeps none)."
 )]
 pub struct RecvArgs {
-    /// Where to listen: PORT, HOST:PORT, `[IPV6]:PORT`, vsock:PORT or vsock:CID:PORT.
-    #[arg(long, short = 'l', value_name = "ADDR", default_value = "5201")]
+    /// Where to listen: PORT, HOST:PORT, `[IPV6]:PORT`, HOST (port 5201), vsock:PORT or
+    /// vsock:CID:PORT (`-B HOST` as iperf3's bind).
+    #[arg(
+        long,
+        short = 'l',
+        short_alias = 'B',
+        value_name = "ADDR",
+        default_value = "5201"
+    )]
     pub listen: String,
     /// Receive UDP datagrams instead of TCP connections.
-    #[arg(long)]
+    #[arg(long, short = 'u')]
     pub udp: bool,
     /// Check that what arrives is `zerotx send`'s generated stream: the first wrong byte is
     /// reported at once (stream and offset) and the exit status is non-zero when the transfer
@@ -148,14 +209,39 @@ pub struct RecvArgs {
     #[arg(long, short = '1')]
     pub once: bool,
     /// Seconds between interval lines; 0 for none.
-    #[arg(long, short = 'i', value_name = "SECS", default_value_t = 1.0)]
+    #[arg(
+        long,
+        short = 'i',
+        value_name = "SECS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub interval: f64,
     /// UDP: a transfer ends after this many seconds without a datagram.
-    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 2.0,
+        allow_negative_numbers = true
+    )]
     pub idle: f64,
     /// Print one JSON document per transfer (iperf3's start/intervals/end).
-    #[arg(long)]
+    #[arg(long, short = 'J')]
     pub json: bool,
+    /// Print one JSON line per event as it happens (`start`, each `interval`, `end`), as
+    /// iperf3's --json-stream: a long-running receiver's output stays one event per line.
+    #[arg(long)]
+    pub json_stream: bool,
+    /// Socket receive buffer (SO_RCVBUF), bytes with K/M suffixes; the kernel doubles it and caps
+    /// it at net.core.rmem_max.
+    #[arg(long, short = 'w', value_name = "BYTES", allow_hyphen_values = true)]
+    pub window: Option<String>,
+    /// Write the output to FILE (appended) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub logfile: Option<PathBuf>,
+    /// Also print the host and the kernel when listening.
+    #[arg(long, short = 'V')]
+    pub verbose: bool,
 }
 
 /// `zerotx bench` flags.
@@ -165,17 +251,24 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Seconds per run of one cell [default: 0.6, or 0.15 with --quick].
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// Repetitions per cell, interleaved across engines [default: 3, or 2 with --quick].
     #[arg(long, value_name = "N")]
     pub repeat: Option<usize>,
-    /// Bytes per send, comma-separated, K/M suffixes allowed (1400,4K,64K,1M) [default: per
+    /// Bytes per send, comma-separated, at most 64M, K/M/G suffixes as `send --bytes`
+    /// (1400,4K,64K,1M) [default: per
     /// topology, as the kernel's tables].
-    #[arg(long, value_delimiter = ',', value_name = "SIZES")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "SIZES",
+        allow_hyphen_values = true
+    )]
     pub sizes: Option<Vec<String>>,
-    /// Engines, comma-separated: copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
-    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines].
+    /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
+    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines,
+    /// auto first].
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     pub engines: Option<Vec<String>>,
     /// Also measure minimal senders written for the comparison (raw-copy, raw-msg-zc,
@@ -186,8 +279,8 @@ pub struct BenchArgs {
     /// the UDP black hole, as the column liburing-zc-fixed (see scripts/compare-raw.sh).
     #[arg(long, value_name = "PATH")]
     pub liburing: Option<PathBuf>,
-    /// Topologies, comma-separated: tcp-loopback, udp-blackhole [default: both; vsock is added by
-    /// --vsock].
+    /// Topologies, comma-separated: tcp-loopback, udp-blackhole, vsock (with --vsock) [default:
+    /// both, and vsock when --vsock is given].
     #[arg(long, value_delimiter = ',', value_name = "TOPOLOGIES")]
     pub topology: Option<Vec<String>>,
     /// Also measure AF_VSOCK to CID:PORT, a peer that reads and discards (for example
@@ -235,6 +328,10 @@ pub struct BenchArgs {
     /// Also draw throughput vs size per engine and topology into this SVG file.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// Print a line per run on standard error even when it is not a terminal (on a terminal a
+    /// progress bar shows anyway).
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// Checked `zerotx bench` options.
@@ -264,25 +361,8 @@ pub struct BenchOptions {
     pub stdout: Format,
     /// Files to write, each in its format.
     pub exports: Vec<(Format, PathBuf)>,
-}
-
-/// `1400`, `4K`, `64k`, `1M`, `16KiB` -> bytes.
-pub fn parse_size(s: &str) -> anyhow::Result<usize> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let body = lower
-        .trim_end_matches("ib")
-        .trim_end_matches('b')
-        .to_string();
-    let (digits, mult) = match body.chars().last() {
-        Some('k') => (&body[..body.len() - 1], 1024),
-        Some('m') => (&body[..body.len() - 1], 1 << 20),
-        _ => (&body[..], 1),
-    };
-    let n: usize = digits.parse().ok().filter(|&n| n > 0).with_context(|| {
-        format!("invalid size {t:?}: give bytes with an optional K or M suffix (1400, 4K, 1M)")
-    })?;
-    Ok(n * mult)
+    /// A line per run on standard error off a terminal (`--progress`).
+    pub progress: bool,
 }
 
 fn parse_vsock(s: &str) -> anyhow::Result<Choice> {
@@ -299,11 +379,15 @@ fn parse_vsock(s: &str) -> anyhow::Result<Choice> {
     })
 }
 
-fn parse_topology(s: &str) -> anyhow::Result<Choice> {
+/// A `--topology` name; `vsock` is the `--vsock` peer, when one is given.
+fn parse_topology(s: &str, vsock: Option<Choice>) -> anyhow::Result<Choice> {
     match s.trim() {
         "tcp-loopback" => Ok(Choice::TcpLoopback),
         "udp-blackhole" => Ok(Choice::UdpBlackhole),
-        "vsock" => bail!("the vsock topology needs a peer: give --vsock CID:PORT"),
+        "vsock" => vsock.context(
+            "the vsock topology needs a peer: give --vsock CID:PORT (a peer that reads and \
+             discards)",
+        ),
         other => bail!(
             "unknown topology {other:?}; expected tcp-loopback or udp-blackhole \
              (and --vsock CID:PORT for vsock)"
@@ -322,7 +406,8 @@ impl BenchArgs {
     pub fn check(self) -> anyhow::Result<BenchOptions> {
         let (def_run, def_repeat) = if self.quick { (0.15, 2) } else { (0.6, 3) };
         let secs = self.duration.unwrap_or(def_run);
-        if !(secs > 0.0 && secs <= 600.0) {
+        units::seconds("--duration", secs)?;
+        if secs > 600.0 {
             bail!("invalid --duration {secs}: give seconds per run, above 0 and at most 600");
         }
         let repeat = self.repeat.unwrap_or(def_repeat);
@@ -331,7 +416,11 @@ impl BenchArgs {
         }
         let sizes = self
             .sizes
-            .map(|v| v.iter().map(|s| parse_size(s)).collect())
+            .map(|v| {
+                v.iter()
+                    .map(|s| units::send_size("--sizes", s, MAX_SEND, "64M"))
+                    .collect()
+            })
             .transpose()?
             .map(|mut v: Vec<usize>| {
                 v.sort_unstable();
@@ -373,15 +462,18 @@ impl BenchArgs {
             ),
             None => {}
         }
-        let mut topologies = match self.topology {
+        let vsock = self.vsock.as_deref().map(parse_vsock).transpose()?;
+        let mut topologies: Vec<Choice> = match self.topology {
             None => vec![Choice::TcpLoopback, Choice::UdpBlackhole],
             Some(v) => v
                 .iter()
-                .map(|t| parse_topology(t))
+                .map(|t| parse_topology(t, vsock))
                 .collect::<anyhow::Result<_>>()?,
         };
-        if let Some(v) = &self.vsock {
-            topologies.push(parse_vsock(v)?);
+        if let Some(v) = vsock {
+            if !topologies.contains(&v) {
+                topologies.push(v);
+            }
         }
         if let Some(sizes) = &sizes {
             for t in &topologies {
@@ -439,6 +531,7 @@ impl BenchArgs {
             liburing: self.liburing,
             stdout,
             exports,
+            progress: self.progress,
         })
     }
 }
@@ -457,13 +550,14 @@ mod tests {
 
     #[test]
     fn sizes_take_suffixes_and_refuse_nonsense() {
-        assert_eq!(parse_size("1400").unwrap(), 1400);
-        assert_eq!(parse_size("4K").unwrap(), 4096);
-        assert_eq!(parse_size("64kib").unwrap(), 65536);
-        assert_eq!(parse_size("1M").unwrap(), 1 << 20);
+        let o = check(&["--sizes", "1400,4K,64kib,1M,1400"]).unwrap();
+        assert_eq!(o.sizes, Some(vec![1400, 4096, 65536, 1 << 20]));
         for bad in ["", "0", "x", "4G", "-1"] {
-            let e = parse_size(bad).unwrap_err().to_string();
-            assert!(e.contains("invalid size"), "{bad}: {e}");
+            let e = check(&["--sizes", bad]).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("invalid --sizes {bad:?}")),
+                "{bad}: {e}"
+            );
         }
     }
 
@@ -475,6 +569,16 @@ mod tests {
         // Some fit: the others are left out, and the report says so.
         assert!(check(&["--sizes", "1400,64K"]).is_ok());
         assert!(check(&["--sizes", "64K", "--topology", "tcp-loopback"]).is_ok());
+    }
+
+    #[test]
+    fn the_vsock_topology_is_the_vsock_peer() {
+        let o = check(&["--topology", "vsock", "--vsock", "3:1234"]).unwrap();
+        assert_eq!(o.topologies, [Choice::Vsock { cid: 3, port: 1234 }]);
+        let o = check(&["--topology", "tcp-loopback,vsock", "--vsock", "3:1234"]).unwrap();
+        assert_eq!(o.topologies.len(), 2);
+        let e = check(&["--topology", "vsock"]).unwrap_err().to_string();
+        assert!(e.contains("give --vsock CID:PORT"), "{e}");
     }
 
     #[test]

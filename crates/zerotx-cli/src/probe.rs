@@ -121,6 +121,22 @@ fn udp_black_hole() -> anyhow::Result<Explanation> {
     })?
 }
 
+/// What `auto` decided on real sockets here, per case: its title and the explanation (or why
+/// it could not be measured).
+fn explanations() -> Vec<(&'static str, anyhow::Result<Explanation>)> {
+    vec![
+        (
+            "TCP to a local peer (loopback), 64 KiB sends",
+            tcp_loopback(),
+        ),
+        // Without root the namespace cannot be made, and the case says so.
+        (
+            "UDP leaving through a device (a veth in a private network namespace), 63 KiB sends",
+            udp_black_hole(),
+        ),
+    ]
+}
+
 /// Why zero-copy is or is not engaged, in plain words: what `auto` decided on real sockets here.
 pub fn render_explain() -> String {
     let mut s = String::new();
@@ -128,7 +144,7 @@ pub fn render_explain() -> String {
         s,
         "\nwhy zero-copy is or is not engaged (the auto engine, 400 real sends each)"
     );
-    let mut case = |title: &str, e: anyhow::Result<Explanation>| {
+    for (title, e) in explanations() {
         let _ = writeln!(s, "\n{title}");
         match e {
             Ok(e) => {
@@ -140,24 +156,37 @@ pub fn render_explain() -> String {
                 let _ = writeln!(s, "  could not measure: {e:#}");
             }
         }
-    };
-    case(
-        "TCP to a local peer (loopback), 64 KiB sends",
-        tcp_loopback(),
-    );
-    // Without root the namespace cannot be made, and the case says so.
-    case(
-        "UDP leaving through a device (a veth in a private network namespace), 63 KiB sends",
-        udp_black_hole(),
-    );
+    }
     s
+}
+
+/// The explanations as JSON: one object per case.
+fn explain_json() -> serde_json::Value {
+    let cases = explanations()
+        .into_iter()
+        .map(|(title, e)| match e {
+            Ok(e) => serde_json::json!({
+                "case": title,
+                "engine": e.engine.name(),
+                "path": e.path,
+                "zerocopy_engaged": e.zerocopy,
+                "lines": e.lines,
+            }),
+            Err(e) => serde_json::json!({ "case": title, "error": format!("{e:#}") }),
+        })
+        .collect();
+    serde_json::Value::Array(cases)
 }
 
 /// Runs the probe and prints it; with `explain`, also what `auto` decides on real sockets.
 pub fn run(json: bool, explain: bool) -> anyhow::Result<()> {
     let report = zerotx::probe();
     if json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
+        let mut doc = serde_json::to_value(&report)?;
+        if explain {
+            doc["explain"] = explain_json();
+        }
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         out!("{}", render_table(&report));
         // No reader left (`zerotx probe --explain | head -2`): no need to measure more.

@@ -250,7 +250,7 @@ fn bench_huge_pages_runs_every_engine_and_says_so() {
 #[test]
 fn bench_bad_flags_name_the_problem() {
     for (args, msg) in [
-        (&["--sizes", "0"][..], "invalid size \"0\""),
+        (&["--sizes", "0"][..], "invalid --sizes \"0\""),
         (&["--engines", "turbo"][..], "unknown engine \"turbo\""),
         (
             &["--topology", "vsock"][..],

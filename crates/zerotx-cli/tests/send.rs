@@ -461,7 +461,10 @@ fn bad_addresses_and_files_fail_with_a_message_at_once() {
             vec![local.as_str(), "--udp", "--size", "70000"],
             "at most 65507",
         ),
-        (vec![local.as_str(), "--bitrate", "lots"], "invalid bitrate"),
+        (
+            vec![local.as_str(), "--bitrate", "lots"],
+            "invalid --bitrate",
+        ),
         (vec![local.as_str(), "-P", "0"], "invalid --parallel 0"),
         (
             vec![local.as_str(), "--file", "/etc/hostname", "-P", "2"],

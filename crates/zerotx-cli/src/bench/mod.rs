@@ -18,6 +18,7 @@ pub mod result;
 pub mod runner;
 pub mod scheduler;
 pub mod topology;
+pub mod verdict;
 pub mod zerotx_engine;
 
 pub use engine::Engine;
@@ -118,7 +119,10 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
             (sizes, plan)
         })
         .collect();
-    let progress = Progress::new(plans.iter().map(|(_, p)| p.total() as u64).sum());
+    let progress = Progress::new(
+        plans.iter().map(|(_, p)| p.total() as u64).sum(),
+        opts.progress,
+    );
     let mut results = Vec::new();
     for (t, (sizes, plan)) in topologies.iter().zip(plans) {
         let mut grid = None;

@@ -1,4 +1,5 @@
-//! Progress on standard error: a bar on a terminal, plain lines otherwise (logs, CI).
+//! Progress on standard error: a bar on a terminal; elsewhere (logs, CI) nothing, or with
+//! `--progress` one plain line per run.
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,12 +13,13 @@ use super::scheduler::Event;
 pub struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
+    lines: bool,
     done: AtomicU64,
 }
 
 impl Progress {
-    /// `total` runs to go.
-    pub fn new(total: u64) -> Self {
+    /// `total` runs to go; `lines`: one line per run where standard error is no terminal.
+    pub fn new(total: u64, lines: bool) -> Self {
         let bar = std::io::stderr().is_terminal().then(|| {
             let b = ProgressBar::new(total);
             b.set_style(
@@ -29,6 +31,7 @@ impl Progress {
         Self {
             bar,
             total,
+            lines,
             done: AtomicU64::new(0),
         }
     }
@@ -46,7 +49,8 @@ impl Progress {
                 b.set_message(line);
                 b.inc(1);
             }
-            None => eprintln!("[{done}/{}] {line}", self.total),
+            None if self.lines => eprintln!("[{done}/{}] {line}", self.total),
+            None => {}
         }
     }
 

@@ -206,6 +206,26 @@ impl Cell {
         }
     }
 
+    /// Sends per second over the runs.
+    pub fn sends_s_spread(&self) -> Spread {
+        Spread::of(
+            self.runs
+                .iter()
+                .map(|r| r.sends as f64 / r.seconds.max(1e-9))
+                .collect(),
+        )
+    }
+
+    /// Sender CPU seconds per GB over the runs.
+    pub fn cpu_s_per_gb_spread(&self) -> Spread {
+        Spread::of(
+            self.runs
+                .iter()
+                .map(|r| r.cpu_seconds / (r.bytes as f64 / 1e9).max(1e-12))
+                .collect(),
+        )
+    }
+
     /// Share of zero-copy-engine releases the kernel really sent zero-copy, if any were made.
     pub fn zerocopy_share(&self) -> Option<f64> {
         let total = self.zerocopy + self.kernel_copied + self.fallbacks + self.policy_copied;

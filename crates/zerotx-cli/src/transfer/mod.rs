@@ -2,6 +2,7 @@
 //! on the wire (no header, no control connection), so any receiver or sender on the other end
 //! works. Shared here: addresses, units, the interval lines.
 
+pub mod iperf3;
 pub mod pattern;
 pub mod recv;
 pub mod send;
@@ -61,12 +62,23 @@ impl fmt::Display for Endpoint {
 /// `HOST:PORT`, `[V6]:PORT`, `HOST` (port 5201), `vsock:CID:PORT`: every address the name
 /// resolves to, in the resolver's order.
 pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
+    resolve_as(s, SEND_FORMS)
+}
+
+/// The address forms `send` takes, for messages.
+const SEND_FORMS: &str = "give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT";
+/// The address forms `recv --listen` takes, for messages.
+const LISTEN_FORMS: &str =
+    "give PORT, HOST:PORT, [IPV6]:PORT, HOST (port 5201), vsock:PORT or vsock:CID:PORT";
+
+/// As [`resolve`], naming `forms` when `s` is no address.
+fn resolve_as(s: &str, forms: &str) -> anyhow::Result<Vec<Endpoint>> {
     let t = s.trim();
     if let Some(rest) = t.strip_prefix("vsock:") {
         return Ok(vec![parse_vsock(t, rest)?]);
     }
     if t.is_empty() {
-        bail!("empty address: give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT");
+        bail!("empty address: {forms}");
     }
     // The resolver reads a bare number as an IPv4 address (70000 is 0.1.17.112): a host that
     // is all digits is a mistake (a port without its host?), never a place to send to.
@@ -77,7 +89,7 @@ pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
     if !host.is_empty() && host.bytes().all(|b| b.is_ascii_digit()) {
         bail!(
             "invalid address {t:?}: {host} is not a host (a number alone reads as an IPv4 \
-             address); give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT"
+             address); {forms}"
         );
     }
     let with_port = if t.parse::<SocketAddr>().is_ok() {
@@ -91,9 +103,7 @@ pub fn resolve(s: &str) -> anyhow::Result<Vec<Endpoint>> {
     };
     let addrs: Vec<_> = with_port
         .to_socket_addrs()
-        .with_context(|| {
-            format!("cannot resolve {t:?}: give HOST:PORT, [IPV6]:PORT or vsock:CID:PORT")
-        })?
+        .with_context(|| format!("cannot resolve {t:?}: {forms}"))?
         .map(Endpoint::Ip)
         .collect();
     if addrs.is_empty() {
@@ -125,7 +135,7 @@ pub fn listen_endpoint(s: &str) -> anyhow::Result<Endpoint> {
             port,
         )));
     }
-    Ok(resolve(t)?[0])
+    Ok(resolve_as(t, LISTEN_FORMS)?[0])
 }
 
 fn parse_vsock(all: &str, rest: &str) -> anyhow::Result<Endpoint> {
@@ -142,42 +152,6 @@ fn parse_vsock(all: &str, rest: &str) -> anyhow::Result<Endpoint> {
         .parse()
         .with_context(|| format!("invalid address {all:?}: port {port:?} is not a number"))?;
     Ok(Endpoint::Vsock { cid, port })
-}
-
-/// `10G`, `512M`, `100K`, `1500` -> bytes (1024-based, as iperf3's `-n`).
-pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
-    parse_scaled(s, 1024).with_context(|| {
-        format!(
-            "invalid byte count {s:?}: give at least 1 byte, a number with an optional K, M or G \
-             suffix (10G)"
-        )
-    })
-}
-
-/// `100M`, `2.5G`, `800K` -> bits per second (1000-based, as iperf3's `-b`).
-pub fn parse_bitrate(s: &str) -> anyhow::Result<u64> {
-    parse_scaled(s, 1000).with_context(|| {
-        format!(
-            "invalid bitrate {s:?}: give at least 1 bit per second, a number with an optional K, \
-             M or G suffix (100M)"
-        )
-    })
-}
-
-fn parse_scaled(s: &str, base: u64) -> Option<u64> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last()?.to_ascii_uppercase() {
-        'K' => (&t[..t.len() - 1], base),
-        'M' => (&t[..t.len() - 1], base * base),
-        'G' => (&t[..t.len() - 1], base * base * base),
-        'T' => (&t[..t.len() - 1], base * base * base * base),
-        _ => (t, 1),
-    };
-    let v: f64 = num.parse().ok()?;
-    let scaled = (v * mult as f64).round();
-    // At least one unit: 0.4 would round to a rate of nothing (a division by zero when pacing)
-    // or a transfer of nothing.
-    (v.is_finite() && scaled >= 1.0 && scaled < u64::MAX as f64).then_some(scaled as u64)
 }
 
 /// Bytes as iperf3 prints a transfer: `4.12 GBytes`, `512 KBytes`.
@@ -198,6 +172,35 @@ pub fn fmt_bytes(b: u64) -> String {
     } else {
         format!("{v:.0} {}", units[i])
     }
+}
+
+/// The host as iperf3 names it: `Linux HOST RELEASE ARCH`.
+pub fn system_info() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    format!(
+        "Linux {} {} {}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/osrelease"),
+        std::env::consts::ARCH
+    )
+}
+
+/// What `-V` prints first: the version, the host and the time, as iperf3 does.
+pub fn verbose_header() {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    crate::stdout::outln!(
+        "zerotx {}\n{}\nTime: {}",
+        env!("CARGO_PKG_VERSION"),
+        system_info(),
+        http_date(now)
+    );
 }
 
 /// Bits per second as iperf3 prints a bitrate: `35.4 Gbits/sec`.
@@ -367,16 +370,16 @@ mod tests {
 
     #[test]
     fn units_parse_and_print_as_iperf3_does() {
-        assert_eq!(parse_bytes("1500").unwrap(), 1500);
-        assert_eq!(parse_bytes("10G").unwrap(), 10 << 30);
-        assert_eq!(parse_bytes("1.5k").unwrap(), 1536);
-        assert_eq!(parse_bitrate("100M").unwrap(), 100_000_000);
-        assert_eq!(parse_bitrate("2.5G").unwrap(), 2_500_000_000);
+        use crate::units::{bitrate, bytes};
+        assert_eq!(bytes("-n", "1500").unwrap(), 1500);
+        assert_eq!(bytes("-n", "10G").unwrap(), 10 << 30);
+        assert_eq!(bytes("-n", "1.5k").unwrap(), 1536);
+        assert_eq!(bitrate("-b", "100M").unwrap(), 100_000_000);
+        assert_eq!(bitrate("-b", "2.5G").unwrap(), 2_500_000_000);
         for bad in ["", "0", "-1", "G", "1X", "nan", "0.4", "inf", "1e30G"] {
-            assert!(parse_bytes(bad).is_err(), "{bad}");
-            assert!(parse_bitrate(bad).is_err(), "{bad}");
+            assert!(bytes("-n", bad).is_err(), "{bad}");
+            assert!(bitrate("-b", bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_bitrate("0.6").unwrap(), 1);
         assert_eq!(fmt_bytes(512), "512 Bytes");
         assert_eq!(fmt_bytes(4_423_000_000), "4.12 GBytes");
         assert_eq!(fmt_bitrate(35.4e9), "35.4 Gbits/sec");

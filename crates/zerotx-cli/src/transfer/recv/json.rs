@@ -41,13 +41,7 @@ pub(super) fn document(
     let intervals: Vec<Value> = m
         .intervals
         .iter()
-        .map(|group| {
-            let (sum, streams) = group.split_last().expect("an interval has its sum");
-            json!({
-                "streams": streams.iter().map(|s| sample(s, udp_verify)).collect::<Vec<_>>(),
-                "sum": sample(sum, udp_verify),
-            })
-        })
+        .map(|group| interval(group, udp_verify))
         .collect();
     let streams: Vec<Value> = totals
         .iter()
@@ -119,6 +113,20 @@ pub(super) fn document(
             },
         },
     })
+}
+
+/// One interval: its streams' samples, then their sum (the last of `group`).
+pub(super) fn interval(group: &[Sample], udp_verify: bool) -> Value {
+    let (sum, streams) = group.split_last().expect("an interval has its sum");
+    json!({
+        "streams": streams.iter().map(|s| sample(s, udp_verify)).collect::<Vec<_>>(),
+        "sum": sample(sum, udp_verify),
+    })
+}
+
+/// One `--json-stream` line: `{"event": NAME, "data": DATA}`, as iperf3 writes them.
+pub(super) fn event(name: &str, data: Value) {
+    crate::stdout::outln!("{}", json!({ "event": name, "data": data }));
 }
 
 /// One interval or total as iperf3 reports it (a receiver's: `"sender": false`).

@@ -99,6 +99,8 @@ pub(super) struct Meter {
     headed: bool,
     /// The last line printed was [`SEPARATOR`].
     separated: bool,
+    /// `--json-stream`: the `start` event is out.
+    streamed_start: bool,
 }
 
 /// What the finished transfer says, for the caller's exit status.
@@ -137,6 +139,7 @@ impl Meter {
             last_tick: Duration::ZERO,
             headed: false,
             separated: false,
+            streamed_start: false,
         }
     }
 
@@ -230,7 +233,35 @@ impl Meter {
         }
         if self.opts.json {
             samples.push(sum);
-            self.keep_interval(samples);
+            if self.opts.json_stream {
+                self.stream_start();
+                let udp_verify = self.udp_verify();
+                json::event("interval", json::interval(&samples, udp_verify));
+            } else {
+                self.keep_interval(samples);
+            }
+        }
+    }
+
+    /// `--json-stream`: the `start` event, once, with the streams connected so far.
+    fn stream_start(&mut self) {
+        if !self.streamed_start {
+            self.streamed_start = true;
+            let cpu = Cpu::now();
+            let empty = Sample {
+                id: None,
+                start: Duration::ZERO,
+                end: Duration::ZERO,
+                bytes: 0,
+                datagrams: Datagrams::default(),
+            };
+            let verdict = Verdict {
+                mismatch: None,
+                corrupt: 0,
+                cut_short: None,
+            };
+            let doc = json::document(self, &[], &empty, cpu, &verdict);
+            json::event("start", doc["start"].clone());
         }
     }
 
@@ -312,7 +343,11 @@ impl Meter {
                 .filter(|_| self.opts.verify)
                 .find_map(|s| s.note.clone().map(|n| (s.id, n))),
         };
-        if self.opts.json {
+        if self.opts.json_stream {
+            self.stream_start();
+            let doc = json::document(&self, &totals, &sum, cpu, &verdict);
+            json::event("end", doc["end"].clone());
+        } else if self.opts.json {
             let doc = json::document(&self, &totals, &sum, cpu, &verdict);
             outln!(
                 "{}",
@@ -473,6 +508,7 @@ mod tests {
             interval: Some(Duration::from_millis(1)),
             idle: Duration::from_secs(1),
             json,
+            json_stream: false,
         }
     }
 

@@ -45,20 +45,13 @@ struct Opts {
     interval: Option<Duration>,
     idle: Duration,
     json: bool,
+    /// `--json-stream`: one JSON line per event, nothing kept.
+    json_stream: bool,
 }
 
 impl Opts {
     fn check(args: &RecvArgs) -> anyhow::Result<Self> {
-        let secs = |name: &str, v: f64, zero_ok: bool| -> anyhow::Result<Duration> {
-            if !v.is_finite() || v < 0.0 || (v == 0.0 && !zero_ok) || v > 1e6 {
-                bail!(
-                    "invalid {name} {v}: give seconds{}",
-                    if zero_ok { " (0 for none)" } else { " above 0" }
-                );
-            }
-            Ok(Duration::from_secs_f64(v))
-        };
-        let interval = secs("--interval", args.interval, true)?;
+        let interval = crate::units::seconds_or_none("--interval", args.interval)?;
         Ok(Self {
             proto: if args.udp { Proto::Udp } else { Proto::Tcp },
             verify: args.verify,
@@ -69,9 +62,10 @@ impl Opts {
                 .transpose()?
                 .map(Arc::new),
             once: args.once,
-            interval: (!interval.is_zero()).then_some(interval),
-            idle: secs("--idle", args.idle, false)?,
-            json: args.json,
+            interval,
+            idle: crate::units::seconds("--idle", args.idle)?,
+            json: args.json || args.json_stream,
+            json_stream: args.json_stream,
         })
     }
 }
@@ -79,15 +73,26 @@ impl Opts {
 /// Runs `zerotx recv`.
 pub fn run(args: RecvArgs) -> anyhow::Result<()> {
     let endpoint = listen_endpoint(&args.listen)?;
+    if let Some(l) = args.logfile.as_deref() {
+        crate::stdout::log_to(l)?;
+    }
+    let window = args
+        .window
+        .as_deref()
+        .map(|w| crate::units::send_size("--window", w, i32::MAX as usize / 2, "1G"))
+        .transpose()?;
+    if args.verbose && !args.json {
+        super::verbose_header();
+    }
     // Opens --output now, before any sender connects.
     let opts = Opts::check(&args)?;
     match (opts.proto, endpoint) {
         (Proto::Tcp, Endpoint::Ip(addr)) => {
-            let (sock, addr) = listen_ip(addr, Proto::Tcp)?;
+            let (sock, addr) = listen_ip(addr, Proto::Tcp, window)?;
             tcp::serve(&opts, sock, &Endpoint::Ip(addr).to_string())
         }
         (Proto::Udp, Endpoint::Ip(addr)) => {
-            let (sock, addr) = listen_ip(addr, Proto::Udp)?;
+            let (sock, addr) = listen_ip(addr, Proto::Udp, window)?;
             udp::serve(&opts, sock.into(), &addr.to_string())
         }
         (Proto::Tcp, Endpoint::Vsock { cid, port }) => tcp::serve(
@@ -103,7 +108,12 @@ pub fn run(args: RecvArgs) -> anyhow::Result<()> {
 
 /// A bound (and for TCP, listening) socket on `addr`, and the address it got. The IPv6 wildcard
 /// takes IPv4 too (`IPV6_V6ONLY` off), and falls back to `0.0.0.0` where IPv6 is missing.
-fn listen_ip(addr: SocketAddr, proto: Proto) -> anyhow::Result<(Socket, SocketAddr)> {
+/// `window` (`-w`) sets `SO_RCVBUF`, which accepted connections inherit.
+fn listen_ip(
+    addr: SocketAddr,
+    proto: Proto,
+    window: Option<usize>,
+) -> anyhow::Result<(Socket, SocketAddr)> {
     let bind = |a: SocketAddr| -> io::Result<Socket> {
         let ty = match proto {
             Proto::Tcp => Type::STREAM,
@@ -119,9 +129,12 @@ fn listen_ip(addr: SocketAddr, proto: Proto) -> anyhow::Result<(Socket, SocketAd
             s.set_reuse_address(true)?;
         }
         s.bind(&a.into())?;
+        if let Some(w) = window {
+            s.set_recv_buffer_size(w)?;
+        }
         if proto == Proto::Tcp {
             s.listen(1024)?;
-        } else {
+        } else if window.is_none() {
             // Best effort: a bigger queue loses fewer datagrams at high rates (capped by
             // net.core.rmem_max).
             let _ = s.set_recv_buffer_size(8 << 20);
@@ -245,7 +258,7 @@ mod tests {
     fn a_port_in_use_names_the_address_and_the_likely_holder() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
-        let e = listen_ip(addr, Proto::Tcp).unwrap_err().to_string();
+        let e = listen_ip(addr, Proto::Tcp, None).unwrap_err().to_string();
         assert!(e.contains(&addr.to_string()), "{e}");
         assert!(e.contains("already in use"), "{e}");
     }

@@ -15,6 +15,7 @@ use socket2::{SockAddr, Socket};
 use super::meter::Meter;
 use super::{HostPort, Opts, TCP_BUF};
 use crate::stdout::outln;
+use crate::transfer::iperf3;
 use crate::transfer::pattern::Window;
 
 /// The most connections one transfer takes (the most `zerotx send --parallel` opens), so the
@@ -38,6 +39,8 @@ struct Ending {
     mismatch: Option<u64>,
     /// Writing `--output` failed (fatal).
     write_error: Option<String>,
+    /// The connection opened with an iperf3 client's cookie: closed at once, not data.
+    iperf3: bool,
 }
 
 /// The transfer in progress.
@@ -47,6 +50,8 @@ struct Transfer {
     /// A stream's bytes go to `--output`: refuse others until the transfer ends.
     writing: bool,
     write_error: Option<String>,
+    /// Connections that were iperf3's control protocol.
+    iperf3: usize,
 }
 
 /// Accepts connections on `listener` and reports each transfer, until one ends with `--once` or
@@ -112,6 +117,7 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                         active: 0,
                         writing: false,
                         write_error: None,
+                        iperf3: 0,
                     }),
                 };
                 let output = match &opts.output {
@@ -145,8 +151,23 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                     })
                     .context("cannot start a reading thread")?;
             }
-            Event::Done(index, ending, when) => {
+            Event::Done(index, mut ending, when) => {
                 let Some(t) = &mut cur else { continue };
+                if ending.iperf3 {
+                    t.iperf3 += 1;
+                    if t.active == 1 && t.iperf3 == t.meter.streams.len() {
+                        // Nothing but iperf3's control connection: no transfer to report.
+                        cur = None;
+                        if opts.once {
+                            bail!("{}", iperf3::CLIENT);
+                        }
+                        eprintln!("{}", iperf3::CLIENT);
+                        banner(opts, shown);
+                        continue;
+                    }
+                    eprintln!("{}", iperf3::CLIENT);
+                    ending.note = Some("iperf3's control protocol, closed".into());
+                }
                 let at = t.meter.offset(when);
                 let s = &mut t.meter.streams[index];
                 s.end = Some(at);
@@ -234,6 +255,7 @@ fn read_stream(
         note: None,
         mismatch: None,
         write_error: None,
+        iperf3: false,
     };
     loop {
         let n = match (&*sock).read(&mut buf) {
@@ -252,6 +274,11 @@ fn read_stream(
             }
         };
         let data = &buf[..n];
+        if total == 0 && iperf3::is_client_cookie(data) {
+            // Neither verified nor written: closing tells the client at once.
+            ending.iperf3 = true;
+            return ending;
+        }
         if let (Some(w), None) = (window, ending.mismatch) {
             if let Some(at) = w.mismatch(total, data) {
                 let got = data[(at - total) as usize];

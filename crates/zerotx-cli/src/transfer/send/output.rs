@@ -13,7 +13,9 @@ use super::plan::{Conn, Plan, Source};
 use super::stream::{ByPath, Counters, End};
 use super::tcp_info::TcpSample;
 use crate::stdout::outln;
-use crate::transfer::{bitrate, fmt_bytes, host_port, http_date, interval_line, Endpoint, Proto};
+use crate::transfer::{
+    bitrate, fmt_bytes, host_port, http_date, interval_line, system_info, Endpoint, Proto,
+};
 
 /// What the progress bar counts to.
 #[derive(Debug, Clone, Copy)]
@@ -72,6 +74,7 @@ const HEADER_TCP: &str =
 struct Snap {
     bytes: u64,
     zerocopy: u64,
+    sendfile: u64,
     tcp: Option<TcpSample>,
 }
 
@@ -91,6 +94,8 @@ const RULE: &str = "- - - - - - - - - - - - - - - - - - - - - - - - -";
 /// The printer, and the JSON document in the making.
 pub struct Output {
     json: bool,
+    /// `--json-stream`: each event on its own line as it happens, no document at the end.
+    stream: bool,
     /// TCP over IP: `TCP_INFO` columns.
     tcp: bool,
     ids: Vec<String>,
@@ -101,6 +106,21 @@ pub struct Output {
     proto: Proto,
     engine: zerotx::EngineKind,
     file: Option<(String, &'static str)>,
+}
+
+/// The `Zero-copy` column: the share of `whole` sent zero-copy, or `sendfile` where the bytes
+/// went by `sendfile(2)`, whose completions do not say whether the kernel copied.
+fn share(zerocopy: u64, sendfile: u64, whole: u64) -> String {
+    if sendfile > 0 && zerocopy == 0 {
+        "sendfile".into()
+    } else {
+        pct(zerocopy, whole)
+    }
+}
+
+/// One `--json-stream` line: `{"event": NAME, "data": DATA}`, as iperf3 writes them.
+fn event(name: &str, data: Value) {
+    outln!("{}", json!({ "event": name, "data": data }));
 }
 
 fn pct(part: u64, whole: u64) -> String {
@@ -126,6 +146,9 @@ impl Output {
             Source::Generated { .. } => None,
         };
         if !plan.json {
+            if plan.verbose {
+                crate::transfer::verbose_header();
+            }
             outln!("Connecting to host {host}, port {port}");
             for (id, c) in ids.iter().zip(conns) {
                 let ((lh, lp), (rh, rp)) = (host_port(&c.local), host_port(&c.remote));
@@ -175,8 +198,12 @@ impl Output {
                 "file_via": file.as_ref().map(|f| f.1),
             },
         });
+        if plan.json_stream {
+            event("start", start.clone());
+        }
         Self {
             json: plan.json,
+            stream: plan.json_stream,
             tcp,
             prev: vec![Snap::default(); ids.len()],
             ids,
@@ -201,6 +228,7 @@ impl Output {
             .map(|c| Snap {
                 bytes: c.bytes.load(Ordering::Relaxed),
                 zerocopy: c.zerocopy.load(Ordering::Relaxed),
+                sendfile: c.sendfile.load(Ordering::Relaxed),
                 tcp: c.tcp.load(),
             })
             .collect();
@@ -220,7 +248,8 @@ impl Output {
                 .iter()
                 .map(|e| Snap {
                     bytes: e.bytes,
-                    zerocopy: e.by_path.zerocopy + e.by_path.sendfile,
+                    zerocopy: e.by_path.zerocopy,
+                    sendfile: e.by_path.sendfile,
                     tcp: e.tcp.map(|t| t.last),
                 })
                 .collect();
@@ -233,10 +262,11 @@ impl Output {
         let secs = (now - from).as_secs_f64();
         let mut streams = Vec::new();
         let mut lines = Vec::new();
-        let (mut sum_b, mut sum_z, mut sum_r) = (0, 0, 0);
+        let (mut sum_b, mut sum_z, mut sum_s, mut sum_r) = (0, 0, 0, 0);
         for (i, (c, p)) in cur.iter().zip(&self.prev).enumerate() {
             let db = c.bytes.saturating_sub(p.bytes);
             let dz = c.zerocopy.saturating_sub(p.zerocopy);
+            let ds = c.sendfile.saturating_sub(p.sendfile);
             // Retransmits in this interval; the window as last sampled.
             let retr = c.tcp.map(|t| {
                 let before = p.tcp.map_or(0, |p| p.retransmits);
@@ -244,6 +274,7 @@ impl Output {
             });
             sum_b += db;
             sum_z += dz;
+            sum_s += ds;
             sum_r += retr.unwrap_or(0);
             let cols = self.tcp.then(|| (retr.unwrap_or(0), c.tcp.map(|t| t.cwnd)));
             lines.push(interval_line(
@@ -251,13 +282,13 @@ impl Output {
                 from,
                 now,
                 db,
-                &tail(cols, &pct(dz, db)),
+                &tail(cols, &share(dz, ds, db)),
             ));
             let mut doc = json!({
                 "socket": self.ids[i].parse::<u64>().unwrap_or(0),
                 "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
                 "bytes": db, "bits_per_second": bitrate(db, secs),
-                "omitted": false, "sender": true, "zerocopy_bytes": dz,
+                "omitted": false, "sender": true, "zerocopy_bytes": dz, "sendfile_bytes": ds,
             });
             if let (Some(t), Some(r)) = (c.tcp, retr) {
                 doc["retransmits"] = json!(r);
@@ -273,19 +304,26 @@ impl Output {
                 from,
                 now,
                 sum_b,
-                &tail(self.tcp.then_some((sum_r, None)), &pct(sum_z, sum_b)),
+                &tail(
+                    self.tcp.then_some((sum_r, None)),
+                    &share(sum_z, sum_s, sum_b),
+                ),
             ));
         }
         let mut sum = json!({
             "start": from.as_secs_f64(), "end": now.as_secs_f64(), "seconds": secs,
             "bytes": sum_b, "bits_per_second": bitrate(sum_b, secs),
-            "omitted": false, "sender": true, "zerocopy_bytes": sum_z,
+            "omitted": false, "sender": true, "zerocopy_bytes": sum_z, "sendfile_bytes": sum_s,
         });
         if self.tcp {
             sum["retransmits"] = json!(sum_r);
         }
-        self.intervals
-            .push(json!({ "streams": streams, "sum": sum }));
+        let interval = json!({ "streams": streams, "sum": sum });
+        if self.stream {
+            event("interval", interval);
+        } else {
+            self.intervals.push(interval);
+        }
         if !self.json {
             let print = || lines.iter().for_each(|l| outln!("{l}"));
             match bar {
@@ -323,7 +361,7 @@ impl Output {
             sum += e.bytes;
             let t = e.finished.saturating_duration_since(start);
             sum_end = sum_end.max(t);
-            let zc = e.by_path.zerocopy + e.by_path.sendfile;
+            let zc = share(e.by_path.zerocopy, e.by_path.sendfile, e.bytes);
             let retr = e.tcp.map_or(0, |m| m.last.retransmits);
             sum_retr += retr;
             text.push(interval_line(
@@ -331,10 +369,7 @@ impl Output {
                 Duration::ZERO,
                 t,
                 e.bytes,
-                &format!(
-                    "{}  sender",
-                    tail(self.tcp.then_some((retr, None)), &pct(zc, e.bytes))
-                ),
+                &format!("{}  sender", tail(self.tcp.then_some((retr, None)), &zc)),
             ));
             let side = |t: Duration, sender: bool| {
                 json!({
@@ -378,7 +413,7 @@ impl Output {
             stream_docs.push(doc);
         }
         if self.ids.len() > 1 {
-            let zc = by_path.zerocopy + by_path.sendfile;
+            let zc = share(by_path.zerocopy, by_path.sendfile, sum);
             text.push(interval_line(
                 "SUM",
                 Duration::ZERO,
@@ -386,7 +421,7 @@ impl Output {
                 sum,
                 &format!(
                     "{}  sender",
-                    tail(self.tcp.then_some((sum_retr, None)), &pct(zc, sum))
+                    tail(self.tcp.then_some((sum_retr, None)), &zc)
                 ),
             ));
             if all_confirmed {
@@ -457,7 +492,17 @@ impl Output {
             ));
         }
         if let Some(x) = &explain {
-            text.extend(x.to_string().lines().map(str::to_string));
+            // The engine's words, but its first line from what the kernel did: an engine that
+            // asks for zero-copy is not "engaged" when the kernel copied every send.
+            let state = if !x.zerocopy {
+                "zero-copy not engaged"
+            } else if by_path.zerocopy == 0 && by_path.copied_kernel > 0 {
+                "zero-copy asked for, but the kernel copied every send"
+            } else {
+                "zero-copy engaged"
+            };
+            text.push(format!("engine {} over {}: {state}", x.engine, x.path));
+            text.extend(x.lines.iter().map(|l| format!("  - {l}")));
         }
         let wall = ends
             .iter()
@@ -511,7 +556,9 @@ impl Output {
                 "engine": self.engine.name(),
                 "protocol": self.proto.name(),
                 "path": explain.as_ref().map(|x| x.path),
-                "zerocopy_engaged": explain.as_ref().map(|x| x.zerocopy),
+                "zerocopy_engaged": explain
+                    .as_ref()
+                    .map(|x| x.zerocopy && !(by_path.zerocopy == 0 && by_path.copied_kernel > 0)),
                 "explain": explain.as_ref().map(|x| x.lines.clone()),
                 "bytes_zerocopy": by_path.zerocopy,
                 "bytes_sendfile": by_path.sendfile,
@@ -535,7 +582,12 @@ impl Output {
             end["sum_received"] = side_sum(sum_conf, false);
         }
         let error = ends.iter().find_map(|e| e.error.as_ref());
-        if self.json {
+        if self.stream {
+            if let Some(e) = error {
+                event("error", json!(format!("{e:#}")));
+            }
+            event("end", end);
+        } else if self.json {
             let mut doc = json!({ "start": self.start, "intervals": self.intervals, "end": end });
             if let Some(e) = error {
                 doc["error"] = json!(format!("{e:#}"));
@@ -563,20 +615,6 @@ fn via_words(via: &str) -> &'static str {
         "sendfile" => "sendfile(2): page cache straight to the socket",
         _ => "its pages mapped (mmap) and sent by the engine",
     }
-}
-
-fn system_info() -> String {
-    let read = |p: &str| {
-        std::fs::read_to_string(p)
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default()
-    };
-    format!(
-        "Linux {} {} {}",
-        read("/proc/sys/kernel/hostname"),
-        read("/proc/sys/kernel/osrelease"),
-        std::env::consts::ARCH
-    )
 }
 
 #[cfg(test)]

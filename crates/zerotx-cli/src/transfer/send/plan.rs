@@ -12,8 +12,9 @@ use anyhow::{bail, Context};
 use socket2::{Domain, SockAddr, Socket, Type};
 use zerotx::EngineKind;
 
-use crate::options::{parse_size, FileVia, SendArgs};
-use crate::transfer::{parse_bitrate, parse_bytes, resolve, Endpoint, Proto};
+use crate::options::{FileVia, SendArgs};
+use crate::transfer::{resolve, Endpoint, Proto};
+use crate::units::{self, MAX_SEND};
 
 /// Largest UDP payload over IPv4 (65535 - 20 - 8); IPv6 allows 20 more, but one rule is simpler.
 const UDP_MAX: usize = 65_507;
@@ -87,31 +88,66 @@ pub struct Plan {
     pub interval: Option<Duration>,
     /// One JSON document instead of text.
     pub json: bool,
+    /// JSON, one line per event (`--json-stream`).
+    pub json_stream: bool,
+    /// `-V`: the host and settings first.
+    pub verbose: bool,
+    /// `-B`: the local address to send from.
+    pub bind: Option<SocketAddr>,
+    /// `-w`: `SO_SNDBUF`, bytes.
+    pub window: Option<usize>,
     /// Per connect attempt.
     pub connect_timeout: Duration,
     /// How long the end may take, and how long without progress counts as a stalled receiver.
     pub linger: Duration,
 }
 
-fn secs(v: f64, flag: &str, what: &str) -> anyhow::Result<Duration> {
-    if !(v.is_finite() && v > 0.0 && v <= 1e6) {
-        bail!("invalid {flag} {v}: give {what} above 0");
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
 impl Plan {
     /// Checks every flag, resolves the address and opens the file (not the connections).
     pub fn check(a: SendArgs) -> anyhow::Result<Self> {
         let engine: EngineKind = a.engine.trim().parse().map_err(anyhow::Error::msg)?;
-        let endpoints = resolve(&a.addr)?;
+        let mut endpoints = resolve(&a.addr)?;
+        if a.ipv4 || a.ipv6 {
+            let (v4, name) = if a.ipv4 {
+                (true, "IPv4")
+            } else {
+                (false, "IPv6")
+            };
+            endpoints.retain(|e| matches!(e, Endpoint::Ip(ip) if ip.is_ipv4() == v4));
+            if endpoints.is_empty() {
+                bail!(
+                    "{} has no {name} address: drop -{} or give an address of that family",
+                    a.addr.trim(),
+                    if v4 { 4 } else { 6 }
+                );
+            }
+        }
+        if let Some(b) = a.logfile.as_deref() {
+            crate::stdout::log_to(b)?;
+        }
+        let bind = a.bind.as_deref().map(parse_bind).transpose()?;
+        if let Some(b) = bind {
+            endpoints.retain(|e| matches!(e, Endpoint::Ip(ip) if ip.is_ipv4() == b.is_ipv4()));
+            if endpoints.is_empty() {
+                bail!(
+                    "-B {b}: {} has no address of that family, or is vsock: give a local address \
+                     of the receiver's family",
+                    a.addr.trim()
+                );
+            }
+        }
+        let window = a
+            .window
+            .as_deref()
+            .map(|w| units::send_size("--window", w, i32::MAX as usize / 2, "1G"))
+            .transpose()?;
         let vsock = matches!(endpoints[0], Endpoint::Vsock { .. });
         if vsock && a.udp {
             bail!("--udp with a vsock address: zerotx sends vsock as a stream; drop --udp");
         }
         let proto = if a.udp { Proto::Udp } else { Proto::Tcp };
         let size = match &a.size {
-            Some(s) => parse_size(s).context("invalid --size")?,
+            Some(s) => units::send_size("--size", s, MAX_SEND, "64M")?,
             None if a.udp => 1472,
             // Measured on loopback (median of 6 interleaved runs each): 1 MiB sends moved ~20
             // Gbit/s, 256 KiB ~17.5, 4 MiB ~16.6.
@@ -122,13 +158,10 @@ impl Plan {
                 "invalid --size {size} with --udp: a UDP datagram carries at most {UDP_MAX} bytes"
             );
         }
-        if size > 64 << 20 {
-            bail!("invalid --size {size}: give at most 64M per send");
-        }
         if a.parallel == 0 || a.parallel > 128 {
             bail!("invalid --parallel {}: give 1 to 128 streams", a.parallel);
         }
-        let time = a.time.map(|t| secs(t, "--time", "seconds")).transpose()?;
+        let time = a.time.map(|t| units::seconds("--time", t)).transpose()?;
         let source = match &a.file {
             Some(path) => {
                 if a.bytes.is_some() {
@@ -173,9 +206,8 @@ impl Plan {
                 bytes: a
                     .bytes
                     .as_deref()
-                    .map(parse_bytes)
-                    .transpose()
-                    .context("invalid --bytes")?,
+                    .map(|b| units::bytes("--bytes", b))
+                    .transpose()?,
             },
         };
         let time = match (&source, time) {
@@ -186,19 +218,19 @@ impl Plan {
         let rate = a
             .bitrate
             .as_deref()
-            .map(parse_bitrate)
-            .transpose()
-            .context("invalid --bitrate")?
+            .map(|b| units::bitrate("--bitrate", b))
+            .transpose()?
             .map(|bits| bits as f64 / 8.0);
-        if !(a.interval.is_finite() && a.interval >= 0.0) {
-            bail!(
-                "invalid --interval {}: give seconds, or 0 for none",
-                a.interval
+        if proto == Proto::Udp && rate.is_none() {
+            // Unpaced on purpose (the tool measures the sending path, and the black hole and
+            // loopback lose nothing by it), but said, since iperf3's -u paces to 1 Mbit/s.
+            eprintln!(
+                "warning: UDP without -b is not paced: it sends as fast as this host can, with \
+                 no congestion control (iperf3 -u sends 1 Mbit/s); give -b RATE on a shared \
+                 network"
             );
         }
-        let interval = (a.interval > 0.0)
-            .then(|| secs(a.interval, "--interval", "seconds"))
-            .transpose()?;
+        let interval = units::seconds_or_none("--interval", a.interval)?;
         Ok(Self {
             addr: a.addr,
             endpoints,
@@ -210,9 +242,13 @@ impl Plan {
             time,
             rate,
             interval,
-            json: a.json,
-            connect_timeout: secs(a.connect_timeout, "--connect-timeout", "seconds")?,
-            linger: secs(a.linger, "--linger", "seconds")?,
+            json: a.json || a.json_stream,
+            json_stream: a.json_stream,
+            verbose: a.verbose,
+            bind,
+            window,
+            connect_timeout: units::seconds("--connect-timeout", a.connect_timeout)?,
+            linger: units::seconds("--linger", a.linger)?,
         })
     }
 
@@ -262,10 +298,24 @@ impl Plan {
         Err(anyhow::anyhow!("cannot connect to {named}: {e}: {hint}"))
     }
 
+    /// `-w` and (TCP) `-B` on a socket before it connects.
+    fn prepare(&self, s: &Socket) -> io::Result<()> {
+        if let Some(w) = self.window {
+            s.set_send_buffer_size(w)?;
+        }
+        if let (Some(b), Type::STREAM) = (self.bind, s.r#type()?) {
+            s.bind(&b.into())?;
+        }
+        Ok(())
+    }
+
     fn try_connect(&self, ep: Endpoint) -> io::Result<Conn> {
         match (ep, self.proto) {
             (Endpoint::Ip(a), Proto::Tcp) => {
-                let s = TcpStream::connect_timeout(&a, self.connect_timeout)?;
+                let s = Socket::new(Domain::for_address(a), Type::STREAM, None)?;
+                self.prepare(&s)?;
+                s.connect_timeout(&a.into(), self.connect_timeout)?;
+                let s = TcpStream::from(s);
                 // Until the stream ends in order, its close resets the connection: a sender
                 // that fails or is killed tells the receiver the stream was cut short, where
                 // a plain close would look like its end. `End::end_socket` sets it back.
@@ -283,7 +333,8 @@ impl Plan {
                 } else {
                     "[::]:0".parse().expect("literal")
                 };
-                let s = UdpSocket::bind(any)?;
+                let s = UdpSocket::bind(self.bind.unwrap_or(any))?;
+                self.prepare(&socket2::SockRef::from(&s))?;
                 s.connect(a)?;
                 Ok(Conn {
                     local: s.local_addr()?.to_string(),
@@ -309,6 +360,24 @@ impl Plan {
                 })
             }
         }
+    }
+}
+
+/// `-B`: `IP` or `IP:PORT` (port 0, any, when none).
+fn parse_bind(s: &str) -> anyhow::Result<SocketAddr> {
+    let t = s.trim();
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    match t
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<std::net::IpAddr>()
+    {
+        Ok(ip) => Ok(SocketAddr::new(ip, 0)),
+        Err(_) => bail!(
+            "invalid -B {t:?}: give a local IP address to send from (192.0.2.1, ::1, or with a \
+             port, 192.0.2.1:6000)"
+        ),
     }
 }
 

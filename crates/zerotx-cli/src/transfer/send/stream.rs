@@ -16,6 +16,7 @@ use zerotx::{CopyReason, EngineKind, Explanation, Released, SendError, SendPath,
 
 use super::plan::Conn;
 use super::tcp_info::{TcpCounters, TcpSampler, TcpSummary};
+use crate::transfer::iperf3;
 use crate::transfer::pattern::Window;
 
 /// How long one blocking call may wait before the loop looks at its deadline and its stall
@@ -27,8 +28,10 @@ const SLICE: Duration = Duration::from_millis(100);
 pub struct Counters {
     /// Bytes the kernel took.
     pub bytes: AtomicU64,
-    /// Of those, sent zero-copy (the kernel said so) or by `sendfile`.
+    /// Of those, sent zero-copy (the kernel said so).
     pub zerocopy: AtomicU64,
+    /// Of those, taken by `sendfile(2)` (no completion says how the kernel sent them).
+    pub sendfile: AtomicU64,
     /// TCP only: the connection's last `TCP_INFO` sample.
     pub tcp: Arc<TcpCounters>,
 }
@@ -378,7 +381,7 @@ fn run_sendfile(
                 end.bytes = sent;
                 end.by_path.sendfile = sent;
                 ctl.counters.bytes.store(sent, Ordering::Relaxed);
-                ctl.counters.zerocopy.store(sent, Ordering::Relaxed);
+                ctl.counters.sendfile.store(sent, Ordering::Relaxed);
                 last_progress = Instant::now();
             }
             Err(e) if e == rustix::io::Errno::AGAIN || e == rustix::io::Errno::INTR => {
@@ -517,6 +520,14 @@ impl End {
     /// then takes the last `TCP_INFO` sample while the socket is still open (after the close, the
     /// retransmits of every byte count), and closes it.
     fn end_socket(&mut self, s: Socket, wait: Duration, confirm: bool) {
+        if answered_as_iperf3(&s) {
+            // The bytes went to an iperf3 server, which reads them as its protocol, not data.
+            self.error = Some(match self.error.take() {
+                Some(seen) => anyhow::anyhow!("{} (the stream: {seen:#})", iperf3::SERVER),
+                None => anyhow::anyhow!("{}", iperf3::SERVER),
+            });
+        }
+        let confirm = confirm && self.error.is_none();
         if self.error.is_none() {
             // An orderly end: the close sends what is still queued, then FIN (the connect set
             // a zero linger, which resets instead). Only TCP had it set.
@@ -533,6 +544,18 @@ impl End {
             self.tcp = Some(t.finish());
         }
     }
+}
+
+/// Whether the receiver wrote an iperf3 server's state byte back on the stream (a plain-bytes
+/// receiver writes nothing). Looks without taking it, and without waiting.
+fn answered_as_iperf3(s: &Socket) -> bool {
+    if !matches!(s.r#type(), Ok(socket2::Type::STREAM)) {
+        return false;
+    }
+    let mut first = [0u8; 1];
+    let flags = rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT;
+    matches!(rustix::net::recv(s, &mut first[..], flags), Ok((_, 1)))
+        && iperf3::is_server_state(first[0])
 }
 
 /// Ends the stream for writing and waits up to `wait` for the receiver to close: then it has read
