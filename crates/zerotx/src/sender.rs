@@ -27,8 +27,11 @@ const NOT_CONNECTED: &str = "the datagram socket is not connected: give a destin
 
 static LEAKED: AtomicU64 = AtomicU64::new(0);
 
-/// Buffers deliberately leaked, process-wide, because a sender was dropped or closed while the
-/// kernel could still read them. Non-zero means some peer never let its data be released in time.
+/// Buffers kept, process-wide, because a sender was dropped or closed while the kernel could
+/// still read them. The io_uring engines drop them later, once the kernel's last completion for
+/// them arrives (see [`UringShared`](crate::UringShared)); `msg-zc`'s are never freed, since no
+/// completion for them is read after the close. The count only grows: non-zero means some peer
+/// did not let its data be released in time.
 pub fn leaked_buffers() -> u64 {
     LEAKED.load(Ordering::Relaxed)
 }
@@ -125,7 +128,8 @@ impl SenderConfig {
 pub struct Closed<B> {
     /// Buffers released while closing (and any not yet reaped).
     pub released: Vec<Released<B>>,
-    /// Buffers the kernel still held at the deadline: leaked on purpose, never freed.
+    /// Buffers the kernel still held at the deadline: never handed back (the io_uring engines
+    /// drop them after the kernel's last completion; `msg-zc` never frees them).
     pub kept: usize,
     /// The socket, for a caller that wants to go on using it (to read, shut down, or close it).
     ///
@@ -738,8 +742,9 @@ impl<B: SendBuf> Sender<B> {
     }
 
     /// Flushes for up to `timeout`, then gives up the socket. Buffers the kernel still holds at
-    /// the deadline are kept (leaked, counted in [`Closed::kept`] and [`leaked_buffers`]), never
-    /// handed back early. The io_uring engines cancel their requests still parked at the deadline
+    /// the deadline are kept (counted in [`Closed::kept`] and [`leaked_buffers`]: the io_uring
+    /// engines drop them after the kernel's last completion, `msg-zc` never), never handed back
+    /// early. The io_uring engines cancel their requests still parked at the deadline
     /// (`IORING_OP_ASYNC_CANCEL`); a stream cut short comes back shut down for writing (see
     /// [`Closed::fd`]).
     pub fn close(mut self, timeout: Duration) -> Closed<B> {

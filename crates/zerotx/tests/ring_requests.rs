@@ -77,10 +77,16 @@ fn a_request_whose_memory_is_gone_fails_without_eight_resubmissions() {
                 (Sender::new(sock, kind).unwrap(), Box::new(rx))
             };
             tx.send(Truncated::new()).unwrap();
-            tx.flush(Duration::from_secs(5)).unwrap();
+            let what = if stream { "TCP" } else { "UDP" };
+            // The buffer's failure reaches flush (Sender's failure rule) as well as its Report.
+            match tx.flush(Duration::from_secs(5)) {
+                Err(zerotx::Error::Failed { failed: 1, source }) => {
+                    assert_eq!(source.raw_os_error(), Some(libc::EFAULT), "{kind} {what}")
+                }
+                other => panic!("{kind} {what}: flush returned {other:?}"),
+            }
             let mut out = Vec::new();
             tx.reap(&mut out).unwrap();
-            let what = if stream { "TCP" } else { "UDP" };
             let errno = out[0].report.error.as_ref().and_then(|e| e.raw_os_error());
             assert_eq!(
                 errno,

@@ -94,7 +94,7 @@ pub struct Stats {
     pub buffers_released: AtomicU64,
     pub released_zerocopy: AtomicU64,
     pub released_with_error: AtomicU64,
-    /// Buffers still held by the kernel when a connection closed (leaked on purpose).
+    /// Buffers still held by the kernel when a connection closed (never handed back: see `zerotx::Closed::kept`).
     pub kept: AtomicU64,
     /// Sends the kernel refused (peer gone), and bodies cut short by a stalled peer.
     pub send_errors: AtomicU64,

@@ -372,10 +372,10 @@ impl<B: SendBuf> AsyncSender<B> {
     }
 
     /// Flushes for up to `timeout`, then gives up the socket (see [`Sender::close`]): buffers the
-    /// kernel still holds at the deadline are kept (leaked on purpose, counted in
-    /// [`Closed::kept`]), never handed back early; every other buffer, including released ones
-    /// not yet taken, comes back in [`Closed::released`]. The driver task has ended, and the
-    /// duplicate descriptor it waited on is closed, when this returns.
+    /// kernel still holds at the deadline are kept (counted in [`Closed::kept`]), never handed
+    /// back early; every other buffer, including released ones not yet taken, comes back in
+    /// [`Closed::released`]. The driver task has ended, and the duplicate descriptor it waited on
+    /// is closed, when this returns.
     pub async fn close(mut self, timeout: Duration) -> Closed<B> {
         let _ = self.flush(timeout).await;
         self.shared.lock().leaving = Some(Leave::Now);
