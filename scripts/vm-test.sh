@@ -116,7 +116,7 @@ net_up() {
   ip -n "$ns" addr add 198.18.0.1/24 dev "$tap"
   ip -n "$ns" -6 addr add fd00:7a::1/64 dev "$tap" nodad
   ip -n "$ns" tuntap add "$tap_copying" mode tap
-  ip -n "$ns" link set "$tap_copying" up
+  ip -n "$ns" link set "$tap_copying" mtu 9000 up
   ip -n "$ns" addr add 198.18.1.1/24 dev "$tap_copying"
   # Drops on the host's side of the tap: data from the guest (TCP segments, whole GSO trains as
   # the tap delivers them, and UDP datagrams) and ACKs to it.
@@ -201,7 +201,7 @@ echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad   # the address is usable at on
 ip link set eth0 mtu 9000 up && ip addr add 198.18.0.2/24 dev eth0 \
   && ip -6 addr add fd00:7a::2/64 dev eth0 || echo "VMTEST: FAIL guest NIC eth0"
 # The second NIC, on a tap without vnet header: a device that copies (see the script's head).
-ip link set eth1 up && ip addr add 198.18.1.2/24 dev eth1 || echo "VMTEST: FAIL guest NIC eth1"
+ip link set eth1 mtu 9000 up && ip addr add 198.18.1.2/24 dev eth1 || echo "VMTEST: FAIL guest NIC eth1"
 ip link add dummyzc type dummy && ip addr add 192.0.2.1/24 dev dummyzc \
   && ip link set dummyzc mtu 65535 up || echo "VMTEST: FAIL dummy device"
 # zerotx send/recv over vsock_loopback (CID 1) and into the dummy device: the CLI end to end on

@@ -77,6 +77,7 @@ fn carrier() -> Result<(), String> {
 /// keeps its IPv6 address while down (`keep_addr_on_down`; by default the kernel drops it, and
 /// the later IPv6 checks would find no route).
 pub fn link_flap(proto: Proto, v: Variant) -> Check {
+    let min_datagrams = None;
     let keep = format!("/proc/sys/net/ipv6/conf/{}/keep_addr_on_down", net::NIC);
     std::fs::write(&keep, "1").map_err(|e| format!("{keep}: {e}"))?;
     let mut flap = None;
@@ -100,6 +101,7 @@ pub fn link_flap(proto: Proto, v: Variant) -> Check {
             at: &mut at,
             all_zero_copy: false,
             inspect: None,
+            min_datagrams,
         },
     );
     let flapped = match flap {
@@ -127,6 +129,10 @@ impl Drop for MtuBack {
 /// fragmented (by copy) or fail with a clear error, every one that arrives intact.
 pub fn mtu_drop(proto: Proto, v: Variant) -> Check {
     let _back = MtuBack;
+    // After the drop each datagram goes as six fragments, and on IPv6 the host's 3% drop rule
+    // meets each fragment (IPv6 reassembles after the input hook): 0.97^6, about 83% of those
+    // arrive (measured 349 of 400 in all on 6.12). Three in four is far below either.
+    let min_datagrams = Some(300);
     let mut dropped: Option<Result<(), String>> = None;
     let mut at = |offset: u64| {
         if offset >= FAULT_AT && dropped.is_none() {
@@ -142,6 +148,7 @@ pub fn mtu_drop(proto: Proto, v: Variant) -> Check {
             at: &mut at,
             all_zero_copy: false,
             inspect: None,
+            min_datagrams,
         },
     );
     let result = result?;
@@ -381,9 +388,14 @@ pub fn closed_in_flight(v6: bool, v: Variant) -> Check {
     Ok(summary)
 }
 
-/// `auto` over TCP to the host through `nic`, every byte checked there; then what `explain()`
-/// says must match `copying`: on the NIC without offloads the route copies (sends counted as
-/// copied for the route, zero-copy OFF), on the tap zero-copy stays ON with nothing copied.
+/// `auto` to the host, every byte checked there; then what `explain()` says must match
+/// `copying`: over UDP through the NIC without offloads the route copies (auto switches to
+/// copying, zero-copy OFF), over TCP through the tap zero-copy stays ON with nothing copied.
+///
+/// Not TCP on the copying NIC: TCP sockets always get scatter-gather in their route caps (GSO
+/// is always on), so the kernel builds zero-copy packets and copies them when it segments them
+/// in software for the device, mostly without flagging the completion as copied
+/// ([`tcp_through_copying`] shows the share).
 pub fn auto_explained(copying: bool) -> Check {
     let inspect = move |tx: &Sender<PooledBuf>| -> Check {
         let x = tx.explain();
@@ -408,7 +420,7 @@ pub fn auto_explained(copying: bool) -> Check {
     };
     let to = copying.then_some(IpAddr::V4(wire::HOST4_COPYING));
     net::transfer_with(
-        Proto::Tcp4,
+        if copying { Proto::Udp4 } else { Proto::Tcp4 },
         Variant::plain(EngineKind::Auto),
         Receiver::Verify,
         Options {
@@ -416,6 +428,7 @@ pub fn auto_explained(copying: bool) -> Check {
             at: &mut |_| {},
             all_zero_copy: !copying,
             inspect: Some(&inspect),
+            min_datagrams: None,
         },
     )
 }
@@ -432,4 +445,22 @@ pub fn copying_nic() -> Check {
     Ok(format!(
         "{nic} up (virtio-net on a tap without vnet header)"
     ))
+}
+
+/// `msg-zc` over TCP through the NIC that copies: every byte checked at the host, every buffer
+/// back; the line says how many completions the kernel flagged as copied (a silent copier: the
+/// kernel copies every packet for this device, and flags only some).
+pub fn tcp_through_copying() -> Check {
+    net::transfer_with(
+        Proto::Tcp4,
+        Variant::plain(EngineKind::MsgZerocopy),
+        Receiver::Verify,
+        Options {
+            to: Some(IpAddr::V4(wire::HOST4_COPYING)),
+            at: &mut |_| {},
+            all_zero_copy: false,
+            inspect: None,
+            min_datagrams: None,
+        },
+    )
 }

@@ -410,6 +410,11 @@ fn fault_checks(run: &mut Run) {
     run.check("net auto explain tap", LONG, || {
         faults::auto_explained(false)
     });
+    run.check(
+        "net msg-zc tcp4 through the copying nic",
+        LONG,
+        faults::tcp_through_copying,
+    );
     for (v6, v) in [
         (false, msg_zc),
         (true, uring_zc),

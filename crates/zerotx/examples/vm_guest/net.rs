@@ -128,6 +128,8 @@ pub struct Options<'a> {
     /// Called with the sender after the last buffer came back, before it closes: its line joins
     /// the check's.
     pub inspect: Option<&'a Inspect>,
+    /// UDP: datagrams that must arrive (default nine in ten).
+    pub min_datagrams: Option<u64>,
 }
 
 /// What [`Options::inspect`] runs.
@@ -144,6 +146,7 @@ pub fn transfer(proto: Proto, v: Variant, rx: Receiver) -> Check {
             at: &mut |_| {},
             all_zero_copy: true,
             inspect: None,
+            min_datagrams: None,
         },
     )
 }
@@ -422,25 +425,32 @@ fn udp(v6: bool, v: Variant, pool: &BufPool, opts: &mut Options) -> Check {
         .map_err(|e| format!("UDP connect {to}: {e}"))?;
     let mut tx = sender(sock.into(), v, pool)?;
     let tally = pooled_stream_hooked(&mut tx, pool, UDP_COUNT * UDP_LEN as u64, UDP_LEN, opts.at)?;
+    let inspected = opts.inspect.map(|f| f(&tx));
     let (stats, _fd) = close(tx)?;
     writeln!(&control, "done").map_err(|e| format!("done: {e}"))?;
     let line = read_line(&mut answers, "verdict")?;
     let verdict = UdpVerdict::parse(&line)?;
     let (share, zero_copy) = zero_copy_share(v, &tally, &stats, opts.all_zero_copy);
+    let (inspected, inspect) = match inspected {
+        Some(Ok(line)) => (format!("; {line}"), Ok(())),
+        Some(Err(e)) => (String::new(), Err(e)),
+        None => (String::new(), Ok(())),
+    };
     let summary = format!(
         "{} of {UDP_COUNT} datagrams intact at the host ({} wrong, {} duplicate), {} buffers \
-         back and overwritten; {share}; {}",
+         back and overwritten; {share}; {}{inspected}",
         verdict.intact,
         verdict.wrong,
         verdict.duplicate,
         tally.released,
         brief(&stats)
     );
+    let least = opts.min_datagrams.unwrap_or(UDP_COUNT * 9 / 10);
     let delivered = if verdict.wrong != 0 || verdict.duplicate != 0 {
         Err("datagrams arrived wrong or twice".to_string())
-    } else if verdict.intact * 10 < UDP_COUNT * 9 || verdict.intact > UDP_COUNT {
+    } else if verdict.intact < least || verdict.intact > UDP_COUNT {
         Err(format!(
-            "{} datagrams arrived, expected {UDP_COUNT} less a few drops",
+            "{} datagrams arrived, expected {least} to {UDP_COUNT}",
             verdict.intact
         ))
     } else {
@@ -448,6 +458,7 @@ fn udp(v6: bool, v: Variant, pool: &BufPool, opts: &mut Options) -> Check {
     };
     delivered
         .and(zero_copy)
+        .and(inspect)
         .map(|_| summary.clone())
         .map_err(|e| format!("{e}; {summary}"))
 }
