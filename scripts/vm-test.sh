@@ -13,8 +13,9 @@
 # vm_host (crates/zerotx/examples/vm_host) receives there and checks every byte (also as a
 # reader that stops for seconds), and socat hands streams to sha256sum; nftables drops
 # 3% of the data from the guest and 3% of the ACKs to it, so TCP retransmits from lent pages.
-# The guest's faults on that path (link down and up, MTU drop, receiver reset, sender closed
-# with buffers in flight) run there too. A second virtio-net (eth1) sits on a second tap
+# The guest's faults on that path (netem delay, reordering and duplicates through this host's
+# tc, link down and up, MTU drop, receiver reset, sender closed with buffers in flight) run
+# there too. A second virtio-net (eth1) sits on a second tap
 # (198.18.1.0/24) WITHOUT the vnet header, so it offers no scatter-gather or checksum offload
 # and the guest's kernel copies every zero-copy send to it: a real device that copies, where
 # `auto` must learn to copy.
@@ -162,7 +163,7 @@ run_guest() {
   cp /bin/busybox "$root/bin/busybox"
   # No modules.dep in the .deb: insmod in dependency order. 6.1 ships .ko, 6.12 .ko.xz.
   for m in net/vmw_vsock/vsock net/vmw_vsock/vmw_vsock_virtio_transport_common \
-           net/vmw_vsock/vsock_loopback drivers/net/dummy; do
+           net/vmw_vsock/vsock_loopback drivers/net/dummy net/sched/sch_netem; do
     f="$root/mods/${m##*/}.ko"
     if [ -f "$mods/$m.ko" ]; then cp "$mods/$m.ko" "$f"
     elif [ -f "$mods/$m.ko.xz" ]; then xz -dc "$mods/$m.ko.xz" > "$f"
@@ -186,12 +187,20 @@ run_guest() {
     echo "${m##*/}" >> "$root/mods/net"
   done
   cp "$guest" "$root/vm_guest"
+  # tc for netem in the guest: this host's (Debian 12's iproute2) with the libraries it loads,
+  # at the same paths (busybox's own tc has no netem).
+  local tc lib
+  tc=$(command -v tc) || { echo "tc (iproute2) missing on the host" >&2; return 1; }
+  mkdir -p "$root/usr/sbin" && cp "$tc" "$root/usr/sbin/tc"
+  for lib in $(ldd "$tc" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
+  done
   strip -o "$root/zerotx" "$cli" 2>/dev/null || cp "$cli" "$root/zerotx"
   cat > "$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy; do
+for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy sch_netem; do
   insmod /mods/$m.ko || echo "VMTEST: FAIL insmod $m"
 done
 ip link set lo up

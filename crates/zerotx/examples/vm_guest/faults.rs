@@ -4,6 +4,7 @@
 //! must end with an error that says why, never a hang.
 //! - the guest's link goes down for a while and comes back mid-stream (TCP);
 //! - the path MTU drops mid-stream (the NIC's MTU 9000 -> 1500; TCP v4 and v6, UDP);
+//! - netem on the guest's NIC delays, reorders and (TCP) duplicates packets;
 //! - the receiver resets the connection mid-stream (`SO_LINGER` 0);
 //! - the sender is closed while the receiver keeps its window closed: buffers still in flight;
 //! - `auto` on the second NIC, which copies (no vnet header: no scatter-gather or checksum
@@ -447,13 +448,13 @@ pub fn copying_nic() -> Check {
     ))
 }
 
-/// `msg-zc` over TCP through the NIC that copies: every byte checked at the host, every buffer
-/// back; the line says how many completions the kernel flagged as copied (a silent copier: the
-/// kernel copies every packet for this device, and flags only some).
-pub fn tcp_through_copying() -> Check {
+/// `v` over TCP through the NIC that copies: every byte checked at the host, every buffer back;
+/// the line says how many completions the kernel flagged as copied (a silent copier: the kernel
+/// copies every packet for this device, and flags only some).
+pub fn tcp_through_copying(v: Variant) -> Check {
     net::transfer_with(
         Proto::Tcp4,
-        Variant::plain(EngineKind::MsgZerocopy),
+        v,
         Receiver::Verify,
         Options {
             to: Some(IpAddr::V4(wire::HOST4_COPYING)),
@@ -463,4 +464,78 @@ pub fn tcp_through_copying() -> Check {
             min_datagrams: None,
         },
     )
+}
+
+/// The script's `tc` (iproute2: busybox's has no netem).
+const TC: &str = "/usr/sbin/tc";
+
+/// Removes the netem qdisc however a check ends.
+struct NetemOff;
+
+impl Drop for NetemOff {
+    fn drop(&mut self) {
+        let _ = Command::new(TC)
+            .args(["qdisc", "del", "dev", net::NIC, "root"])
+            .output();
+    }
+}
+
+/// netem on the guest's NIC for one transfer: 5 ms +- 5 ms of delay with a quarter of the
+/// packets sent at once (reordered), and on TCP 2% duplicated, on top of the host's drops; every
+/// byte checked at the host, every buffer back and overwritten. UDP gets no duplicates (the
+/// host counts a datagram twice as a failure).
+pub fn netem(proto: Proto, v: Variant) -> Check {
+    let mut args = vec![
+        "qdisc",
+        "add",
+        "dev",
+        net::NIC,
+        "root",
+        "netem",
+        "delay",
+        "5ms",
+        "5ms",
+        "reorder",
+        "25%",
+        "50%",
+    ];
+    if matches!(proto, Proto::Tcp4 | Proto::Tcp6) {
+        args.extend(["duplicate", "2%"]);
+    }
+    let out = Command::new(TC)
+        .args(&args)
+        .output()
+        .map_err(|e| format!("{TC}: {e} (the script copies the host's tc into the guest)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "tc {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let _off = NetemOff;
+    let spec = args[5..].join(" ");
+    let result = net::transfer_with(
+        proto,
+        v,
+        Receiver::Verify,
+        Options {
+            to: None,
+            at: &mut |_| {},
+            all_zero_copy: false,
+            inspect: None,
+            min_datagrams: None,
+        },
+    )?;
+    let stats = Command::new(TC)
+        .args(["-s", "qdisc", "show", "dev", net::NIC])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    Ok(format!("{spec}: {result}; {stats}"))
 }

@@ -410,11 +410,13 @@ fn fault_checks(run: &mut Run) {
     run.check("net auto explain tap", LONG, || {
         faults::auto_explained(false)
     });
-    run.check(
-        "net msg-zc tcp4 through the copying nic",
-        LONG,
-        faults::tcp_through_copying,
-    );
+    for v in [msg_zc, uring_zc] {
+        run.check(
+            &format!("net {v} tcp4 through the copying nic"),
+            LONG,
+            move || faults::tcp_through_copying(v),
+        );
+    }
     for (v6, v) in [
         (false, msg_zc),
         (true, uring_zc),
@@ -447,6 +449,16 @@ fn fault_checks(run: &mut Run) {
             LONG,
             move || faults::mtu_drop(proto, v),
         );
+    }
+    for (proto, v) in [
+        (Proto::Tcp4, msg_zc),
+        (Proto::Tcp6, Variant::ZC_POOL),
+        (Proto::Udp4, uring_zc),
+        (Proto::Udp6, msg_zc),
+    ] {
+        run.check(&format!("net fault netem {v} {proto}"), LONG, move || {
+            faults::netem(proto, v)
+        });
     }
     // Last: a NIC that went down and up is the one thing here later checks could trip on.
     for (proto, v) in [(Proto::Tcp4, msg_zc), (Proto::Tcp6, Variant::ZC_POOL)] {
