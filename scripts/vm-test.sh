@@ -13,6 +13,12 @@
 # vm_host (crates/zerotx/examples/vm_host) receives there and checks every byte (also as a
 # reader that stops for seconds), and socat hands streams to sha256sum; nftables drops
 # 3% of the data from the guest and 3% of the ACKs to it, so TCP retransmits from lent pages.
+# The guest's faults on that path (netem delay, reordering and duplicates through this host's
+# tc, link down and up, MTU drop, receiver reset, sender closed with buffers in flight) run
+# there too. A second virtio-net (eth1) sits on a second tap
+# (198.18.1.0/24) WITHOUT the vnet header, so it offers no scatter-gather or checksum offload
+# and the guest's kernel copies every zero-copy send to it: a real device that copies, where
+# `auto` must learn to copy.
 #
 # Usage: scripts/vm-test.sh [6.1] [6.12]        (default: both)
 #        ZEROTX_VM_SMP=2 scripts/vm-test.sh      (guest vCPUs; default 1: CI machines are small)
@@ -94,6 +100,7 @@ cli=target/x86_64-unknown-linux-gnu/release/zerotx
 # directions. Removed on exit, however the script ends.
 ns=zxvm$$
 tap=zxtap0
+tap_copying=zxtap1
 host_pid=
 socat_pid=
 net_down() {
@@ -109,6 +116,9 @@ net_up() {
   ip -n "$ns" link set "$tap" mtu 9000 up
   ip -n "$ns" addr add 198.18.0.1/24 dev "$tap"
   ip -n "$ns" -6 addr add fd00:7a::1/64 dev "$tap" nodad
+  ip -n "$ns" tuntap add "$tap_copying" mode tap
+  ip -n "$ns" link set "$tap_copying" mtu 9000 up
+  ip -n "$ns" addr add 198.18.1.1/24 dev "$tap_copying"
   # Drops on the host's side of the tap: data from the guest (TCP segments, whole GSO trains as
   # the tap delivers them, and UDP datagrams) and ACKs to it.
   ip netns exec "$ns" nft -f - <<NFT
@@ -153,7 +163,7 @@ run_guest() {
   cp /bin/busybox "$root/bin/busybox"
   # No modules.dep in the .deb: insmod in dependency order. 6.1 ships .ko, 6.12 .ko.xz.
   for m in net/vmw_vsock/vsock net/vmw_vsock/vmw_vsock_virtio_transport_common \
-           net/vmw_vsock/vsock_loopback drivers/net/dummy; do
+           net/vmw_vsock/vsock_loopback drivers/net/dummy net/sched/sch_netem; do
     f="$root/mods/${m##*/}.ko"
     if [ -f "$mods/$m.ko" ]; then cp "$mods/$m.ko" "$f"
     elif [ -f "$mods/$m.ko.xz" ]; then xz -dc "$mods/$m.ko.xz" > "$f"
@@ -177,12 +187,20 @@ run_guest() {
     echo "${m##*/}" >> "$root/mods/net"
   done
   cp "$guest" "$root/vm_guest"
+  # tc for netem in the guest: this host's (Debian 12's iproute2) with the libraries it loads,
+  # at the same paths (busybox's own tc has no netem).
+  local tc lib
+  tc=$(command -v tc) || { echo "tc (iproute2) missing on the host" >&2; return 1; }
+  mkdir -p "$root/usr/sbin" && cp "$tc" "$root/usr/sbin/tc"
+  for lib in $(ldd "$tc" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
+  done
   strip -o "$root/zerotx" "$cli" 2>/dev/null || cp "$cli" "$root/zerotx"
   cat > "$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy; do
+for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy sch_netem; do
   insmod /mods/$m.ko || echo "VMTEST: FAIL insmod $m"
 done
 ip link set lo up
@@ -191,6 +209,8 @@ for m in $(cat /mods/net); do insmod /mods/$m.ko || echo "VMTEST: FAIL insmod $m
 echo 0 > /proc/sys/net/ipv6/conf/eth0/accept_dad   # the address is usable at once
 ip link set eth0 mtu 9000 up && ip addr add 198.18.0.2/24 dev eth0 \
   && ip -6 addr add fd00:7a::2/64 dev eth0 || echo "VMTEST: FAIL guest NIC eth0"
+# The second NIC, on a tap without vnet header: a device that copies (see the script's head).
+ip link set eth1 mtu 9000 up && ip addr add 198.18.1.2/24 dev eth1 || echo "VMTEST: FAIL guest NIC eth1"
 ip link add dummyzc type dummy && ip addr add 192.0.2.1/24 dev dummyzc \
   && ip link set dummyzc mtu 65535 up || echo "VMTEST: FAIL dummy device"
 # zerotx send/recv over vsock_loopback (CID 1) and into the dummy device: the CLI end to end on
@@ -242,6 +262,8 @@ INIT
     -smp "${ZEROTX_VM_SMP:-1}" -m 1024 -nographic -no-reboot \
     -device virtio-net-pci,netdev=n0,mac=52:54:00:7a:00:02,romfile= \
     -netdev tap,id=n0,ifname="$tap",script=no,downscript=no,vnet_hdr=on \
+    -device virtio-net-pci,netdev=n1,mac=52:54:00:7a:01:02,romfile= \
+    -netdev tap,id=n1,ifname="$tap_copying",script=no,downscript=no,vnet_hdr=off \
     -kernel "$vmlinuz" -initrd "$dir/initrd.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet ${ZEROTX_VM_APPEND:-}" > "$log" 2>&1 || true
   grep -ao "VMTEST: .*" "$log" | tr -d '\r' || true   # without the firmware's escape codes

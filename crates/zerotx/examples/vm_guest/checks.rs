@@ -152,6 +152,18 @@ pub fn pooled_stream(
     total: u64,
     block: usize,
 ) -> Result<Tally, String> {
+    pooled_stream_hooked(tx, pool, total, block, &mut |_| {})
+}
+
+/// [`pooled_stream`], calling `at` with each send's stream offset just before the send: where a
+/// fault check changes the path mid-stream.
+pub fn pooled_stream_hooked(
+    tx: &mut Sender<PooledBuf>,
+    pool: &BufPool,
+    total: u64,
+    block: usize,
+    at: &mut dyn FnMut(u64),
+) -> Result<Tally, String> {
     let wait = Duration::from_secs(20);
     let mut free: Vec<PoolBufMut> = std::iter::from_fn(|| pool.take()).collect();
     let count = free.len();
@@ -199,6 +211,7 @@ pub fn pooled_stream(
         };
         let len = block.min((total - offset) as usize);
         peer::fill(&mut b[..len], offset);
+        at(offset);
         progress(|| format!("sending at offset {offset}: {}", state(tx)));
         tx.send(b.freeze(len))
             .map_err(|e| format!("send at offset {offset}: {e}"))?;

@@ -29,6 +29,7 @@
 //! `net.core.optmem_max` while measuring).
 
 mod checks;
+mod faults;
 mod measure;
 mod net;
 mod peer;
@@ -386,11 +387,87 @@ fn all_checks(run: &mut Run, vsock_zc: bool) {
         });
     }
     run.check("net retransmits", SHORT, net::retransmits_seen);
+    fault_checks(run);
     println!(
         "VMTEST: measure network checks: {} s under TCG (functional counts only: TCG timings \
          are not performance)",
         started.elapsed().as_secs()
     );
+}
+
+/// Faults on the guest's network path, and `auto` on a NIC that copies (`faults.rs`). After the
+/// other network checks: the MTU drop changes the NIC for a moment.
+fn fault_checks(run: &mut Run) {
+    use net::Proto;
+    let msg_zc = Variant::plain(EngineKind::MsgZerocopy);
+    let uring_zc = Variant::plain(EngineKind::UringZc);
+    let copy = Variant::plain(EngineKind::Copy);
+    let auto = Variant::plain(EngineKind::Auto);
+    run.check("net copying nic", SHORT, faults::copying_nic);
+    run.check("net auto explain copying nic", LONG, || {
+        faults::auto_explained(true)
+    });
+    run.check("net auto explain tap", LONG, || {
+        faults::auto_explained(false)
+    });
+    for v in [msg_zc, uring_zc] {
+        run.check(
+            &format!("net {v} tcp4 through the copying nic"),
+            LONG,
+            move || faults::tcp_through_copying(v),
+        );
+    }
+    for (v6, v) in [
+        (false, msg_zc),
+        (true, uring_zc),
+        (false, copy),
+        (true, auto),
+    ] {
+        let p = if v6 { "tcp6" } else { "tcp4" };
+        run.check(
+            &format!("net fault receiver reset {v} {p}"),
+            LONG,
+            move || faults::reset(v6, v),
+        );
+    }
+    for (v6, v) in [(false, msg_zc), (true, Variant::ZC_POOL), (false, copy)] {
+        let p = if v6 { "tcp6" } else { "tcp4" };
+        run.check(
+            &format!("net fault closed in flight {v} {p}"),
+            LONG,
+            move || faults::closed_in_flight(v6, v),
+        );
+    }
+    for (proto, v) in [
+        (Proto::Tcp4, msg_zc),
+        (Proto::Tcp6, uring_zc),
+        (Proto::Udp4, msg_zc),
+        (Proto::Udp6, uring_zc),
+    ] {
+        run.check(
+            &format!("net fault mtu drop {v} {proto}"),
+            LONG,
+            move || faults::mtu_drop(proto, v),
+        );
+    }
+    for (proto, v) in [
+        (Proto::Tcp4, msg_zc),
+        (Proto::Tcp6, Variant::ZC_POOL),
+        (Proto::Udp4, uring_zc),
+        (Proto::Udp6, msg_zc),
+    ] {
+        run.check(&format!("net fault netem {v} {proto}"), LONG, move || {
+            faults::netem(proto, v)
+        });
+    }
+    // Last: a NIC that went down and up is the one thing here later checks could trip on.
+    for (proto, v) in [(Proto::Tcp4, msg_zc), (Proto::Tcp6, Variant::ZC_POOL)] {
+        run.check(
+            &format!("net fault link down/up {v} {proto}"),
+            LONG,
+            move || faults::link_flap(proto, v),
+        );
+    }
 }
 
 /// `zerotx_rounds=N` (a kernel parameter) runs the whole list N times: a failure that needs the

@@ -9,7 +9,7 @@
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use zerotx::{BufPool, EngineKind, PooledBuf, Sender, Stats};
 
-use crate::checks::{brief, pooled_stream, Tally, Variant};
+use crate::checks::{brief, pooled_stream_hooked, Tally, Variant};
 use crate::wire::{self, TcpVerdict, UdpVerdict};
 
 type Check = Result<String, String>;
@@ -117,21 +117,56 @@ impl fmt::Display for Receiver {
     }
 }
 
+/// How a fault check (`faults.rs`) bends a transfer.
+pub struct Options<'a> {
+    /// The host's address to send to (the tap's, or another NIC's).
+    pub to: Option<IpAddr>,
+    /// Called with each send's stream offset just before the send.
+    pub at: &'a mut dyn FnMut(u64),
+    /// Whether every send of a zero-copy engine must come back NOT copied (the tap, no fault).
+    pub all_zero_copy: bool,
+    /// Called with the sender after the last buffer came back, before it closes: its line joins
+    /// the check's.
+    pub inspect: Option<&'a Inspect>,
+    /// UDP: datagrams that must arrive (default nine in ten).
+    pub min_datagrams: Option<u64>,
+}
+
+/// What [`Options::inspect`] runs.
+pub type Inspect = dyn Fn(&Sender<PooledBuf>) -> Check;
+
 /// One engine over one protocol to the host, every byte checked there.
 pub fn transfer(proto: Proto, v: Variant, rx: Receiver) -> Check {
+    transfer_with(
+        proto,
+        v,
+        rx,
+        Options {
+            to: None,
+            at: &mut |_| {},
+            all_zero_copy: true,
+            inspect: None,
+            min_datagrams: None,
+        },
+    )
+}
+
+/// [`transfer`], bent as `opts` says.
+pub fn transfer_with(proto: Proto, v: Variant, rx: Receiver, mut opts: Options) -> Check {
     let pool = BufPool::new(TCP_BLOCK.max(UDP_LEN), POOL).map_err(|e| e.to_string())?;
     match proto {
-        Proto::Tcp4 | Proto::Tcp6 => tcp(proto.v6(), v, &pool, rx),
-        Proto::Udp4 | Proto::Udp6 => udp(proto.v6(), v, &pool),
+        Proto::Tcp4 | Proto::Tcp6 => tcp(proto.v6(), v, &pool, rx, &mut opts),
+        Proto::Udp4 | Proto::Udp6 => udp(proto.v6(), v, &pool, &mut opts),
     }
 }
 
-fn connect(v6: bool) -> Result<TcpStream, String> {
-    connect_to(v6, wire::PORT)
+/// A TCP connection to the host's `port`.
+pub fn connect_to(v6: bool, port: u16) -> Result<TcpStream, String> {
+    connect_at(wire::host(v6), port)
 }
 
-fn connect_to(v6: bool, port: u16) -> Result<TcpStream, String> {
-    let to = SocketAddr::new(wire::host(v6), port);
+fn connect_at(host: IpAddr, port: u16) -> Result<TcpStream, String> {
+    let to = SocketAddr::new(host, port);
     let s = TcpStream::connect_timeout(&to, Duration::from_secs(10))
         .map_err(|e| format!("connecting to the host at {to}: {e}"))?;
     s.set_read_timeout(Some(ANSWER))
@@ -139,7 +174,7 @@ fn connect_to(v6: bool, port: u16) -> Result<TcpStream, String> {
     Ok(s)
 }
 
-fn sender(fd: OwnedFd, v: Variant, pool: &BufPool) -> Result<Sender<PooledBuf>, String> {
+pub fn sender(fd: OwnedFd, v: Variant, pool: &BufPool) -> Result<Sender<PooledBuf>, String> {
     let mut tx = Sender::new(fd, v.kind).map_err(|e| format!("Sender::new: {e}"))?;
     if v.registered {
         tx.register_pool(pool)
@@ -163,7 +198,12 @@ fn close(tx: Sender<PooledBuf>) -> Result<(Stats, OwnedFd), String> {
 
 /// Whether `v` sent every buffer zero-copy through the tap (`auto` too: every send is above its
 /// threshold) or none: the share's description, and the error if it is wrong.
-fn zero_copy_share(v: Variant, t: &Tally, s: &Stats) -> (String, Result<(), String>) {
+fn zero_copy_share(
+    v: Variant,
+    t: &Tally,
+    s: &Stats,
+    all_zero_copy: bool,
+) -> (String, Result<(), String>) {
     let zc = !matches!(v.kind, EngineKind::Copy | EngineKind::Uring);
     let share = format!(
         "{} of {} buffers zero-copy ({}%), kernel-copied {}",
@@ -182,7 +222,7 @@ fn zero_copy_share(v: Variant, t: &Tally, s: &Stats) -> (String, Result<(), Stri
     };
     let verdict = if t.released == 0 {
         Err("no buffer came back".to_string())
-    } else if zc && (t.zerocopy != t.released || s.kernel_copied != 0) {
+    } else if all_zero_copy && zc && (t.zerocopy != t.released || s.kernel_copied != 0) {
         Err(format!(
             "a silent copy through virtio-net (route-copies {}, small {}, budget {}, fallbacks {})",
             s.copied_route, s.copied_small, s.copied_budget, s.fallbacks
@@ -196,7 +236,7 @@ fn zero_copy_share(v: Variant, t: &Tally, s: &Stats) -> (String, Result<(), Stri
 }
 
 /// `TCP_INFO`'s `tcpi_total_retrans` of a TCP socket.
-fn retransmits(fd: &impl AsRawFd) -> Result<u32, String> {
+pub fn retransmits(fd: &impl AsRawFd) -> Result<u32, String> {
     // SAFETY: `tcp_info` is plain integers; all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -217,7 +257,7 @@ fn retransmits(fd: &impl AsRawFd) -> Result<u32, String> {
     Ok(info.tcpi_total_retrans)
 }
 
-fn read_line(r: &mut impl BufRead, what: &str) -> Result<String, String> {
+pub fn read_line(r: &mut impl BufRead, what: &str) -> Result<String, String> {
     let mut line = String::new();
     r.read_line(&mut line)
         .map_err(|e| format!("reading the host's {what}: {e}"))?;
@@ -229,23 +269,25 @@ fn read_line(r: &mut impl BufRead, what: &str) -> Result<String, String> {
 
 /// 4 MiB over TCP in 64 KiB sends, each buffer scribbled the moment it comes back; the host
 /// checks every byte and answers after the guest's EOF.
-fn tcp(v6: bool, v: Variant, pool: &BufPool, rx: Receiver) -> Check {
+fn tcp(v6: bool, v: Variant, pool: &BufPool, rx: Receiver, opts: &mut Options) -> Check {
+    let host = opts.to.unwrap_or(wire::host(v6));
     let mut s = if rx == Receiver::Sha256 {
-        connect_to(v6, wire::SHA256_PORT)?
+        connect_at(host, wire::SHA256_PORT)?
     } else {
         let stall = if rx == Receiver::Stalled {
             wire::STALL_MS
         } else {
             0
         };
-        let mut s = connect(v6)?;
+        let mut s = connect_at(host, wire::PORT)?;
         writeln!(s, "{} tcp {TCP_TOTAL} {stall}", wire::HELLO)
             .map_err(|e| format!("hello: {e}"))?;
         s
     };
     let probes_before = tcp_ext("TCPWinProbe");
     let mut tx = sender(s.into(), v, pool)?;
-    let tally = pooled_stream(&mut tx, pool, TCP_TOTAL, TCP_BLOCK)?;
+    let tally = pooled_stream_hooked(&mut tx, pool, TCP_TOTAL, TCP_BLOCK, opts.at)?;
+    let inspected = opts.inspect.map(|f| f(&tx));
     let (stats, fd) = close(tx)?;
     let probes = tcp_ext("TCPWinProbe").saturating_sub(probes_before);
     s = TcpStream::from(fd);
@@ -283,13 +325,18 @@ fn tcp(v6: bool, v: Variant, pool: &BufPool, rx: Receiver) -> Check {
             verdict.check(TCP_TOTAL),
         )
     };
-    let (share, zero_copy) = zero_copy_share(v, &tally, &stats);
+    let (share, zero_copy) = zero_copy_share(v, &tally, &stats, opts.all_zero_copy);
     let windows = zero_windows.map_or(String::new(), |n| {
         format!("{n} zero windows from the host, ")
     });
+    let (inspected, inspect) = match inspected {
+        Some(Ok(line)) => (format!("; {line}"), Ok(())),
+        Some(Err(e)) => (String::new(), Err(e)),
+        None => (String::new(), Ok(())),
+    };
     let summary = format!(
         "{received}, {} buffers back and overwritten, {retrans} retransmits, {windows}{probes} \
-         zero-window probes; {share}; {}",
+         zero-window probes; {share}; {}{inspected}",
         tally.released,
         brief(&stats)
     );
@@ -306,6 +353,7 @@ fn tcp(v6: bool, v: Variant, pool: &BufPool, rx: Receiver) -> Check {
     intact
         .and(window)
         .and(zero_copy)
+        .and(inspect)
         .map(|_| summary.clone())
         .map_err(|e| format!("{e}; {summary}"))
 }
@@ -360,8 +408,8 @@ fn pattern_sha256(total: u64) -> Result<String, String> {
 /// 400 datagrams of 8 KiB over UDP, each buffer scribbled the moment it comes back; the host
 /// places each datagram by its first pattern word and checks every byte. Some are dropped on
 /// purpose (the script's nftables rule): at least nine in ten must arrive, every one intact.
-fn udp(v6: bool, v: Variant, pool: &BufPool) -> Check {
-    let control = connect(v6)?;
+fn udp(v6: bool, v: Variant, pool: &BufPool, opts: &mut Options) -> Check {
+    let control = connect_at(opts.to.unwrap_or(wire::host(v6)), wire::PORT)?;
     writeln!(&control, "{} udp {UDP_COUNT} {UDP_LEN}", wire::HELLO)
         .map_err(|e| format!("hello: {e}"))?;
     let mut answers = BufReader::new(&control);
@@ -370,32 +418,39 @@ fn udp(v6: bool, v: Variant, pool: &BufPool) -> Check {
         .strip_prefix("port ")
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| format!("the host answered {line:?}, not a port"))?;
-    let to = SocketAddr::new(wire::host(v6), port);
+    let to = SocketAddr::new(opts.to.unwrap_or(wire::host(v6)), port);
     let local = if v6 { "[::]:0" } else { "0.0.0.0:0" };
     let sock = UdpSocket::bind(local).map_err(|e| format!("UDP bind: {e}"))?;
     sock.connect(to)
         .map_err(|e| format!("UDP connect {to}: {e}"))?;
     let mut tx = sender(sock.into(), v, pool)?;
-    let tally = pooled_stream(&mut tx, pool, UDP_COUNT * UDP_LEN as u64, UDP_LEN)?;
+    let tally = pooled_stream_hooked(&mut tx, pool, UDP_COUNT * UDP_LEN as u64, UDP_LEN, opts.at)?;
+    let inspected = opts.inspect.map(|f| f(&tx));
     let (stats, _fd) = close(tx)?;
     writeln!(&control, "done").map_err(|e| format!("done: {e}"))?;
     let line = read_line(&mut answers, "verdict")?;
     let verdict = UdpVerdict::parse(&line)?;
-    let (share, zero_copy) = zero_copy_share(v, &tally, &stats);
+    let (share, zero_copy) = zero_copy_share(v, &tally, &stats, opts.all_zero_copy);
+    let (inspected, inspect) = match inspected {
+        Some(Ok(line)) => (format!("; {line}"), Ok(())),
+        Some(Err(e)) => (String::new(), Err(e)),
+        None => (String::new(), Ok(())),
+    };
     let summary = format!(
         "{} of {UDP_COUNT} datagrams intact at the host ({} wrong, {} duplicate), {} buffers \
-         back and overwritten; {share}; {}",
+         back and overwritten; {share}; {}{inspected}",
         verdict.intact,
         verdict.wrong,
         verdict.duplicate,
         tally.released,
         brief(&stats)
     );
+    let least = opts.min_datagrams.unwrap_or(UDP_COUNT * 9 / 10);
     let delivered = if verdict.wrong != 0 || verdict.duplicate != 0 {
         Err("datagrams arrived wrong or twice".to_string())
-    } else if verdict.intact * 10 < UDP_COUNT * 9 || verdict.intact > UDP_COUNT {
+    } else if verdict.intact < least || verdict.intact > UDP_COUNT {
         Err(format!(
-            "{} datagrams arrived, expected {UDP_COUNT} less a few drops",
+            "{} datagrams arrived, expected {least} to {UDP_COUNT}",
             verdict.intact
         ))
     } else {
@@ -403,6 +458,7 @@ fn udp(v6: bool, v: Variant, pool: &BufPool) -> Check {
     };
     delivered
         .and(zero_copy)
+        .and(inspect)
         .map(|_| summary.clone())
         .map_err(|e| format!("{e}; {summary}"))
 }

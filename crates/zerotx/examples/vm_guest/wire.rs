@@ -9,7 +9,12 @@
 //!   [`TcpVerdict`] line;
 //! - `zxnet udp <count> <len>`: the host answers `port <p>`, the guest sends `count` datagrams of
 //!   `len` bytes (stream offsets `i * len`) to that UDP port, then writes `done`; the host checks
-//!   every datagram that arrived and answers one [`UdpVerdict`] line.
+//!   every datagram that arrived and answers one [`UdpVerdict`] line;
+//! - `zxnet data reset <n>` and `zxnet data stall <ms>` (the fault checks): the host answers
+//!   `port <p>`, a listener of its own with a 64 KiB receive buffer; the guest sends the pattern
+//!   on a connection to that port, which the host resets after `n` bytes, or reads only after
+//!   `ms` and then to EOF, checking every byte; it answers one [`TcpVerdict`] line on the first
+//!   connection, which outlives the second.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -25,6 +30,11 @@ pub const STALL_MS: u64 = 3000;
 pub const HOST4: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
 /// The host's end of the tap (a unique local address).
 pub const HOST6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x7a, 0, 0, 0, 0, 0, 1);
+/// The host's end of the second tap, whose NIC has no vnet header: no scatter-gather, no
+/// checksum offload, so the guest's kernel copies every zero-copy send to it.
+pub const HOST4_COPYING: Ipv4Addr = Ipv4Addr::new(198, 18, 1, 1);
+/// The guest's NIC on that tap.
+pub const NIC_COPYING: &str = "eth1";
 /// The hello's first word.
 pub const HELLO: &str = "zxnet";
 

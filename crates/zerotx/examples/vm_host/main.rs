@@ -73,10 +73,18 @@ fn serve(conn: TcpStream) -> io::Result<String> {
                 socket2::SockRef::from(&conn).set_recv_buffer_size(64 << 10)?;
             }
             let before = tcp_ext("TCPToZeroWindowAdv");
-            let mut verdict = stream(reader, stall);
+            let mut verdict = stream(reader, stall, None);
             verdict.zero_windows = tcp_ext("TCPToZeroWindowAdv").saturating_sub(before);
             writeln!(&conn, "{verdict}")?;
             Ok(format!("tcp {total} bytes sent: {verdict}"))
+        }
+        [wire::HELLO, "data", mode @ ("reset" | "stall"), ..] => {
+            let mode = if *mode == "reset" {
+                Fault::Reset(num(3)?)
+            } else {
+                Fault::Stall(Duration::from_millis(num(3)?))
+            };
+            faulty(conn, mode)
         }
         [wire::HELLO, "udp", ..] => {
             let (count, len) = (num(2)?, num(3)? as usize);
@@ -101,8 +109,63 @@ fn tcp_ext(name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Reads the stream to EOF, checking every byte; pauses `stall` once after the first MiB.
-fn stream(mut r: impl Read, stall: Duration) -> TcpVerdict {
+/// What the host does to a fault check's data connection.
+enum Fault {
+    /// Reads this many bytes, then resets the connection (`SO_LINGER` 0).
+    Reset(u64),
+    /// Reads nothing for this long, then reads to EOF.
+    Stall(Duration),
+}
+
+/// A fault check's transfer: a data listener of its own in the control connection's family, with
+/// a 64 KiB receive buffer (the window closes soon), its port sent back; one connection on it
+/// treated as `fault` says, every byte it carried checked; the verdict goes back on the control
+/// connection, which outlives a reset data connection.
+fn faulty(conn: TcpStream, fault: Fault) -> io::Result<String> {
+    let mut local = conn.local_addr()?;
+    local.set_port(0);
+    let sock = Socket::new(Domain::for_address(local), Type::STREAM, None)?;
+    sock.set_recv_buffer_size(64 << 10)?;
+    sock.bind(&local.into())?;
+    sock.listen(1)?;
+    let listener = TcpListener::from(sock);
+    writeln!(&conn, "port {}", listener.local_addr()?.port())?;
+    listener.set_nonblocking(true)?;
+    let started = Instant::now();
+    let data = loop {
+        match listener.accept() {
+            Ok((d, _)) => break d,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && started.elapsed() < IDLE => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    data.set_nonblocking(false)?;
+    data.set_read_timeout(Some(IDLE))?;
+    let (verdict, what) = match fault {
+        Fault::Reset(n) => {
+            let v = stream(&data, Duration::ZERO, Some(n));
+            socket2::SockRef::from(&data).set_linger(Some(Duration::ZERO))?;
+            drop(data);
+            (v, format!("reset after {n} bytes"))
+        }
+        Fault::Stall(t) => {
+            std::thread::sleep(t);
+            (
+                stream(&data, Duration::ZERO, None),
+                format!("read after {} ms", t.as_millis()),
+            )
+        }
+    };
+    writeln!(&conn, "{verdict}")?;
+    Ok(format!("tcp {what}: {verdict}"))
+}
+
+/// Reads the stream to EOF (or `limit` bytes), checking every byte; pauses `stall` once after
+/// the first MiB.
+fn stream(r: impl Read, stall: Duration, limit: Option<u64>) -> TcpVerdict {
+    let mut r = r.take(limit.unwrap_or(u64::MAX));
     let mut v = TcpVerdict::default();
     let mut buf = vec![0u8; 256 << 10];
     let mut stalled = stall.is_zero();
