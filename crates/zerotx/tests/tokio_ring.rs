@@ -1,15 +1,18 @@
 //! The async sender's driver on io_uring (feature `tokio`): a submission that keeps failing is
-//! retried with a growing pause, not in a loop that keeps the executor busy.
+//! retried with a growing pause, not in a loop that keeps the executor busy; senders sharing a
+//! thread's ring wake only for their own completions.
 
 mod util;
 
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+use socket2::SockRef;
 use tokio::runtime::Builder;
 use zerotx::internals::uring_faults::{inject, Faults};
-use zerotx::tokio::AsyncSender;
-use zerotx::EngineKind;
+use zerotx::tokio::{thread_ring, AsyncSender};
+use zerotx::{EngineKind, SenderConfig};
 
 use util::{tcp_pair, Peer};
 
@@ -56,5 +59,96 @@ fn a_submission_that_keeps_failing_does_not_spin() {
         );
         // The test pattern is not what was sent: only the byte count matters here.
         assert_eq!(reader.join().unwrap().bytes, 64 << 10, "{kind}");
+    }
+}
+
+/// A loopback TCP connection whose peer does not read, with small buffers, so a request of more
+/// than a few dozen KiB parks in the kernel. Returns the sending side and the peer.
+fn stalled_pair(l: &TcpListener) -> (TcpStream, TcpStream) {
+    let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    let (p, _) = l.accept().unwrap();
+    SockRef::from(&c).set_send_buffer_size(4 << 10).unwrap();
+    SockRef::from(&p).set_recv_buffer_size(4 << 10).unwrap();
+    (c, p)
+}
+
+/// Issue 34 item 7: senders on one `thread_ring` whose requests are parked (peers that do not
+/// read) must not be woken by the completions of another sender streaming on the same ring. Each
+/// driver used to register its own duplicate of the ring's fd with tokio, so every completion
+/// batch woke every driver on the thread (and each looked again every few ms besides). Counted,
+/// not timed: the idle drivers' turns while the stream runs.
+#[test]
+fn idle_senders_on_a_thread_ring_sleep_while_another_streams() {
+    const IDLE: usize = 16;
+    const BLOCKS: usize = 2048;
+    const BLOCK: usize = 16 << 10;
+    let stuck: Arc<[u8]> = vec![0x5a; 256 << 10].into();
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let rt = Builder::new_current_thread().enable_all().build().unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (client, reader) = tcp_pair(false, Peer::checking());
+        rt.block_on(async {
+            let ring = thread_ring().expect("ring");
+            let cfg = SenderConfig::shared(kind, &ring);
+            let mut idle = Vec::new();
+            for _ in 0..IDLE {
+                let (c, p) = stalled_pair(&l);
+                let tx = AsyncSender::with_config(c, cfg.clone()).expect("idle sender");
+                tx.send(stuck.clone()).await.expect("queued");
+                idle.push((tx, p));
+            }
+            // Let every idle driver submit and settle into its wait.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let before: Vec<u64> = idle.iter().map(|(tx, _)| tx.driver_turns()).collect();
+            assert!(
+                idle.iter().all(|(tx, _)| tx.in_flight() == 1),
+                "{kind}: an idle sender's buffer came back from a peer that does not read"
+            );
+
+            let enters = ring.enters();
+            let tx = AsyncSender::with_config(client, cfg.clone()).expect("streaming sender");
+            let mut back = Vec::new();
+            for off in 0..BLOCKS {
+                let mut b = vec![0u8; BLOCK];
+                util::fill(&mut b, (off * BLOCK) as u64);
+                tx.send(b).await.expect("sent");
+                tx.drain_released(&mut back).expect("released");
+                // As a server between requests: the other tasks (drivers) run.
+                tokio::task::yield_now().await;
+            }
+            tx.flush(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|e| panic!("{kind}: {e}"));
+            tx.drain_released(&mut back).expect("released");
+            assert_eq!(back.len(), BLOCKS, "{kind}");
+            let entered = ring.enters() - enters;
+            let woke: Vec<u64> = idle
+                .iter()
+                .zip(&before)
+                .map(|((t, _), b)| t.driver_turns() - b)
+                .collect();
+            // Each submission of the stream brought completions: as many chances to wake.
+            assert!(
+                entered > 20,
+                "{kind}: the stream took {entered} io_uring_enter calls"
+            );
+            let most = woke.iter().copied().max().unwrap();
+            assert!(
+                most <= 2,
+                "{kind}: idle drivers woke {woke:?} times while the stream entered the ring \
+                 {entered} times"
+            );
+            drop(tx.close(Duration::from_secs(5)).await);
+            for (tx, peer) in idle {
+                // The peer goes (a reset): the parked request ends with an error.
+                drop(peer);
+                drop(tx.close(Duration::from_secs(2)).await);
+            }
+        });
+        assert_eq!(
+            reader.join().unwrap().bytes,
+            (BLOCKS * BLOCK) as u64,
+            "{kind}"
+        );
     }
 }
