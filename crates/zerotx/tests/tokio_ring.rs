@@ -12,7 +12,7 @@ use socket2::SockRef;
 use tokio::runtime::Builder;
 use zerotx::internals::uring_faults::{inject, Faults};
 use zerotx::tokio::{thread_ring, AsyncSender};
-use zerotx::{EngineKind, SenderConfig};
+use zerotx::{EngineKind, SenderConfig, UringConfig, UringShared};
 
 use util::{tcp_pair, Peer};
 
@@ -150,5 +150,73 @@ fn idle_senders_on_a_thread_ring_sleep_while_another_streams() {
             (BLOCKS * BLOCK) as u64,
             "{kind}"
         );
+    }
+}
+
+/// One shared ring whose async senders were made on two threads has a watcher on each: a
+/// completion one watcher routes must still wake a driver that came through the other. Four
+/// streams, two made on each thread, all send everything and get every buffer back.
+#[test]
+fn senders_of_one_ring_made_on_two_threads_all_finish() {
+    const BLOCKS: usize = 512;
+    const BLOCK: usize = 16 << 10;
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let rt = Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let ring = UringShared::new(UringConfig::default()).unwrap();
+        let made: Vec<_> = (0..2)
+            .map(|_| {
+                let (handle, ring) = (rt.handle().clone(), ring.clone());
+                std::thread::spawn(move || {
+                    let _in = handle.enter();
+                    (0..2)
+                        .map(|_| {
+                            let (client, reader) = tcp_pair(false, Peer::checking());
+                            let cfg = SenderConfig::shared(kind, &ring);
+                            let tx = AsyncSender::with_config(client, cfg).expect("sender");
+                            (tx, reader)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let (senders, readers): (Vec<_>, Vec<_>) = made.into_iter().unzip();
+        rt.block_on(async {
+            let tasks: Vec<_> = senders
+                .into_iter()
+                .map(|tx| {
+                    tokio::spawn(async move {
+                        let mut back = Vec::new();
+                        for off in 0..BLOCKS {
+                            let mut b = vec![0u8; BLOCK];
+                            util::fill(&mut b, (off * BLOCK) as u64);
+                            tx.send(b).await.expect("sent");
+                            tx.drain_released(&mut back).expect("released");
+                        }
+                        let flushed = tx.flush(Duration::from_secs(5)).await;
+                        tx.drain_released(&mut back).expect("released");
+                        let closed = tx.close(Duration::from_secs(1)).await;
+                        (flushed, back.len() + closed.released.len())
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let (flushed, back) = t.await.unwrap();
+                flushed.unwrap_or_else(|e| panic!("{kind}: {e}"));
+                assert_eq!(back, BLOCKS, "{kind}");
+            }
+        });
+        for r in readers {
+            let got = r.join().unwrap();
+            assert_eq!(
+                (got.bytes, got.mismatches),
+                ((BLOCKS * BLOCK) as u64, 0),
+                "{kind}"
+            );
+        }
     }
 }

@@ -9,6 +9,10 @@
 //! drivers of those senders. A driver that reaps the ring itself routes the other senders'
 //! completions the same way; the watcher wakes their drivers at its next look, which the
 //! completions' own readiness edge brings.
+//!
+//! There is one watcher per ring and thread that made async senders on it (its task runs on that
+//! thread's runtime), and one map of the ring's drivers that every watcher of the ring wakes
+//! from: a completion is named once, to whichever watcher routes it first.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -24,7 +28,7 @@ use crate::error::Error;
 
 thread_local! {
     static RING: RefCell<Option<UringShared>> = const { RefCell::new(None) };
-    /// The watchers of the shared rings whose senders were made on this thread.
+    /// The watchers of the shared rings whose async senders were made on this thread.
     static WATCHERS: RefCell<Vec<Weak<Watcher>>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -49,24 +53,92 @@ pub fn thread_ring() -> Result<UringShared, Error> {
     })
 }
 
-/// The watcher of one shared ring on one runtime: see the module docs.
-pub(super) struct Watcher {
+/// The drivers of one shared ring's senders, by owner id. Every watcher of the ring (one per
+/// thread that made senders on it) wakes drivers from this one map: `Ring::route` names an owner
+/// once, to whichever watcher routes first, and that one must be able to wake it.
+struct RingDrivers {
     ring: UringShared,
+    map: Mutex<HashMap<u16, Arc<Notify>>>,
+}
+
+/// The driver maps of the shared rings that have async senders.
+static RINGS: Mutex<Vec<Weak<RingDrivers>>> = Mutex::new(Vec::new());
+
+/// Locks, recovering from a poisoned lock (every update is whole under one lock).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The driver map of `ring`, made on first use.
+fn ring_drivers(ring: &UringShared) -> Arc<RingDrivers> {
+    let mut list = lock(&RINGS);
+    list.retain(|d| d.strong_count() > 0);
+    if let Some(d) = list
+        .iter()
+        .filter_map(Weak::upgrade)
+        .find(|d| d.ring.same(ring))
+    {
+        return d;
+    }
+    let d = Arc::new(RingDrivers {
+        ring: ring.clone(),
+        map: Mutex::new(HashMap::new()),
+    });
+    list.push(Arc::downgrade(&d));
+    d
+}
+
+/// The watcher of one shared ring on one thread's runtime: see the module docs.
+pub(super) struct Watcher {
+    drivers: Arc<RingDrivers>,
     state: Mutex<WatchState>,
     /// Wakes the watcher's task to see whether any driver is left.
     stop: Notify,
 }
 
 struct WatchState {
-    /// The driver to wake for each owner id on the ring.
-    drivers: HashMap<u16, Arc<Notify>>,
+    /// Drivers that came through this watcher and are still there.
+    users: usize,
     /// The task runs: false once it ended (no driver left, or its runtime shut down).
     alive: bool,
 }
 
-impl Watcher {
-    fn lock(&self) -> MutexGuard<'_, WatchState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+/// The live watcher of `drivers`' ring for this thread, or a new one on the current runtime,
+/// with one more user.
+fn join_watcher(drivers: &Arc<RingDrivers>) -> Result<Arc<Watcher>, Error> {
+    WATCHERS.with(|w| {
+        let mut list = w.borrow_mut();
+        list.retain(|w| w.strong_count() > 0);
+        let found = list
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|w| Arc::ptr_eq(&w.drivers, drivers));
+        if let Some(w) = found {
+            let mut st = lock(&w.state);
+            if st.alive {
+                st.users += 1;
+                drop(st);
+                return Ok(w);
+            }
+        }
+        let w = start(drivers.clone())?;
+        list.retain(|old| {
+            !old.upgrade()
+                .is_some_and(|old| Arc::ptr_eq(&old.drivers, drivers))
+        });
+        list.push(Arc::downgrade(&w));
+        Ok(w)
+    })
+}
+
+/// One user of `w` is gone; the last one stops its task.
+fn leave_watcher(w: &Watcher) {
+    let mut st = lock(&w.state);
+    st.users -= 1;
+    let last = st.users == 0;
+    drop(st);
+    if last {
+        w.stop.notify_one();
     }
 }
 
@@ -83,69 +155,51 @@ impl Watch {
     /// duplicate of the ring's descriptor with the reactor: `fcntl(F_DUPFD_CLOEXEC)`,
     /// `epoll_ctl`).
     pub(super) fn new(ring: UringShared, owner: u16, driver: Arc<Notify>) -> Result<Self, Error> {
-        let watcher = WATCHERS.with(|w| {
-            let mut list = w.borrow_mut();
-            list.retain(|w| w.strong_count() > 0);
-            let found = list
-                .iter()
-                .filter_map(Weak::upgrade)
-                .find(|w| w.ring.same(&ring));
-            if let Some(w) = found {
-                let mut st = w.lock();
-                if st.alive {
-                    st.drivers.insert(owner, driver.clone());
-                    drop(st);
-                    return Ok(w);
-                }
-            }
-            let w = start(ring, owner, driver.clone())?;
-            list.retain(|old| !old.upgrade().is_some_and(|old| old.ring.same(&w.ring)));
-            list.push(Arc::downgrade(&w));
-            Ok::<_, Error>(w)
-        })?;
-        Ok(Self {
-            watcher,
+        let drivers = ring_drivers(&ring);
+        lock(&drivers.map).insert(owner, driver.clone());
+        let watch = Self {
+            watcher: join_watcher(&drivers).inspect_err(|_| {
+                lock(&drivers.map).remove(&owner);
+            })?,
             owner,
             driver,
-        })
+        };
+        Ok(watch)
     }
 
     /// Whether the watcher still runs (its runtime may have shut down while this driver's runs
     /// on: see [`renew`](Self::renew)).
     pub(super) fn alive(&self) -> bool {
-        self.watcher.lock().alive
+        lock(&self.watcher.state).alive
     }
 
     /// Takes the ring's live watcher for this thread, or starts one on the current runtime.
     pub(super) fn renew(&mut self) -> Result<(), Error> {
-        let ring = self.watcher.ring.clone();
-        *self = Self::new(ring, self.owner, self.driver.clone())?;
+        let new = join_watcher(&self.watcher.drivers)?;
+        let old = std::mem::replace(&mut self.watcher, new);
+        leave_watcher(&old);
         Ok(())
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
-        let mut st = self.watcher.lock();
+        let mut map = lock(&self.watcher.drivers.map);
         // The id may already belong to a newer sender's driver: leave that one.
-        if st
-            .drivers
+        if map
             .get(&self.owner)
             .is_some_and(|d| Arc::ptr_eq(d, &self.driver))
         {
-            st.drivers.remove(&self.owner);
+            map.remove(&self.owner);
         }
-        let last = st.drivers.is_empty();
-        drop(st);
-        if last {
-            self.watcher.stop.notify_one();
-        }
+        drop(map);
+        leave_watcher(&self.watcher);
     }
 }
 
-/// Starts the watcher of `ring` on the current runtime, with `driver` as owner `owner`'s.
-fn start(ring: UringShared, owner: u16, driver: Arc<Notify>) -> Result<Arc<Watcher>, Error> {
-    let dup = crate::sys::dup_raw(ring.fd()).map_err(|source| Error::Io {
+/// Starts a watcher of `drivers`' ring on the current runtime, with one user.
+fn start(drivers: Arc<RingDrivers>) -> Result<Arc<Watcher>, Error> {
+    let dup = crate::sys::dup_raw(drivers.ring.fd()).map_err(|source| Error::Io {
         context: "fcntl(F_DUPFD_CLOEXEC) of the shared io_uring's descriptor",
         source,
     })?;
@@ -154,9 +208,9 @@ fn start(ring: UringShared, owner: u16, driver: Arc<Notify>) -> Result<Arc<Watch
         source,
     })?;
     let watcher = Arc::new(Watcher {
-        ring,
+        drivers,
         state: Mutex::new(WatchState {
-            drivers: HashMap::from([(owner, driver)]),
+            users: 1,
             alive: true,
         }),
         stop: Notify::new(),
@@ -171,9 +225,9 @@ struct Ended(Arc<Watcher>);
 
 impl Drop for Ended {
     fn drop(&mut self) {
-        let mut st = self.0.lock();
-        st.alive = false;
-        for d in st.drivers.values() {
+        lock(&self.0.state).alive = false;
+        // Drivers of other watchers look once, find theirs alive, and wait again.
+        for d in lock(&self.0.drivers.map).values() {
             d.notify_one();
         }
     }
@@ -189,8 +243,8 @@ async fn watch(watcher: Arc<Watcher>, io: AsyncFd<OwnedFd>) {
         let guard = ::tokio::select! {
             biased;
             () = w.stop.notified() => {
-                let mut st = w.lock();
-                if st.drivers.is_empty() {
+                let mut st = lock(&w.state);
+                if st.users == 0 {
                     // Ended under the lock a new driver looks for a live watcher under.
                     st.alive = false;
                     return;
@@ -204,11 +258,11 @@ async fn watch(watcher: Arc<Watcher>, io: AsyncFd<OwnedFd>) {
             // The reactor is gone (the runtime shuts down): the drivers take a new watcher.
             Err(_) => return,
         };
-        w.ring.route(&mut woken);
+        w.drivers.ring.route(&mut woken);
         {
-            let st = w.lock();
+            let map = lock(&w.drivers.map);
             for id in woken.drain(..) {
-                if let Some(d) = st.drivers.get(&id) {
+                if let Some(d) = map.get(&id) {
                     d.notify_one();
                 }
             }
