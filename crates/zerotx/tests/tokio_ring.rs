@@ -220,3 +220,42 @@ fn senders_of_one_ring_made_on_two_threads_all_finish() {
         }
     }
 }
+
+/// A ring with senders on two runtimes of one thread: the first runtime is idle (not running, not
+/// dropped) while a sender made on the second streams. The second runtime has a watcher of its
+/// own, so the stream's completions wake its driver.
+#[test]
+fn a_stream_on_a_second_runtime_does_not_wait_for_an_idle_first() {
+    const BLOCKS: usize = 256;
+    const BLOCK: usize = 16 << 10;
+    let ring = UringShared::new(UringConfig::default()).unwrap();
+    let cfg = SenderConfig::shared(EngineKind::UringZc, &ring);
+    let first = Builder::new_current_thread().enable_all().build().unwrap();
+    let (c, first_reader) = tcp_pair(false, Peer::checking());
+    let idle = first.block_on(async { AsyncSender::<Vec<u8>>::with_config(c, cfg.clone()) });
+    let idle = idle.expect("sender on the first runtime");
+    let second = Builder::new_current_thread().enable_all().build().unwrap();
+    let (client, reader) = tcp_pair(false, Peer::checking());
+    second.block_on(async {
+        let tx = AsyncSender::with_config(client, cfg.clone()).expect("sender");
+        let mut back = Vec::new();
+        for off in 0..BLOCKS {
+            let mut b = vec![0u8; BLOCK];
+            util::fill(&mut b, (off * BLOCK) as u64);
+            tx.send(b).await.expect("sent");
+            tx.drain_released(&mut back).expect("released");
+        }
+        // `released` waits for the driver's wake-up, which only a watcher's brings.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while back.len() < BLOCKS {
+            let next = tokio::time::timeout_at(deadline, tx.released()).await;
+            let next = next
+                .unwrap_or_else(|_| panic!("{} of {BLOCKS} buffers back after 5 s", back.len()));
+            back.push(next.expect("released").expect("held until released"));
+        }
+        drop(tx.close(Duration::from_secs(1)).await);
+    });
+    assert_eq!(reader.join().unwrap().bytes, (BLOCKS * BLOCK) as u64);
+    first.block_on(async { drop(idle.close(Duration::from_secs(1)).await) });
+    assert_eq!(first_reader.join().unwrap().bytes, 0);
+}

@@ -30,7 +30,7 @@
 //! - `uring`, `uring-zc` on a ring of their own: the io_uring's fd, readable when completions
 //!   are posted.
 //! - `uring`, `uring-zc` on a shared ring ([`thread_ring`], [`UringShared`](crate::UringShared)):
-//!   one registration of the ring's fd per ring and thread, watched by one task that moves the
+//!   one registration of the ring's fd per ring and runtime, watched by one task that moves the
 //!   completions into their senders' inboxes and wakes only the drivers of the senders that got
 //!   some (whoever reaped them), so an idle sender's driver sleeps while others stream.
 //!

@@ -2,17 +2,17 @@
 //! ring that wakes only the drivers whose sender got completions.
 //!
 //! The senders on a shared ring wait on one registration of the ring's descriptor with tokio's
-//! reactor, not one each: with one each, every completion woke every driver on the ring, each
-//! to find nothing of its own (a stream beside 64 stalled senders spent six times the CPU it
-//! spent alone). The watcher is a task that waits for the ring's descriptor to turn readable,
-//! moves the completions into their senders' inboxes ([`UringShared::route`]) and wakes just the
-//! drivers of those senders. A driver that reaps the ring itself routes the other senders'
-//! completions the same way; the watcher wakes their drivers at its next look, which the
-//! completions' own readiness edge brings.
+//! reactor, not one each: with one each, every completion woke every driver on the ring, each to
+//! find nothing of its own, so a stream's cost grew with the idle senders beside it. The watcher
+//! is a task that waits for the ring's descriptor to turn readable, moves the completions into
+//! their senders' inboxes (`UringShared::route`) and wakes just the drivers of those senders. A
+//! driver that reaps the ring itself routes the other senders' completions the same way; the
+//! watcher wakes their drivers at its next look, which the completions' own readiness edge
+//! brings.
 //!
-//! There is one watcher per ring and thread that made async senders on it (its task runs on that
-//! thread's runtime), and one map of the ring's drivers that every watcher of the ring wakes
-//! from: a completion is named once, to whichever watcher routes it first.
+//! There is one watcher per ring and runtime with async senders on it (a ring's senders may be
+//! made on several runtimes), and one map of the ring's drivers that every watcher of the ring
+//! wakes from: a completion is named once, to whichever watcher routes it first.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
+use ::tokio::runtime::{Handle, Id};
 use ::tokio::sync::Notify;
 
 use crate::engine::{UringConfig, UringShared};
@@ -28,9 +29,10 @@ use crate::error::Error;
 
 thread_local! {
     static RING: RefCell<Option<UringShared>> = const { RefCell::new(None) };
-    /// The watchers of the shared rings whose async senders were made on this thread.
-    static WATCHERS: RefCell<Vec<Weak<Watcher>>> = const { RefCell::new(Vec::new()) };
 }
+
+/// The watchers of the shared rings with async senders, one per ring and runtime.
+static WATCHERS: Mutex<Vec<Weak<Watcher>>> = Mutex::new(Vec::new());
 
 /// The calling thread's shared io_uring, made on first use with [`UringConfig::default`]
 /// (`io_uring_setup`). Give it to the `uring` and `uring-zc` senders made on this thread
@@ -54,7 +56,7 @@ pub fn thread_ring() -> Result<UringShared, Error> {
 }
 
 /// The drivers of one shared ring's senders, by owner id. Every watcher of the ring (one per
-/// thread that made senders on it) wakes drivers from this one map: `Ring::route` names an owner
+/// runtime with senders on it) wakes drivers from this one map: `Ring::route` names an owner
 /// once, to whichever watcher routes first, and that one must be able to wake it.
 struct RingDrivers {
     ring: UringShared,
@@ -88,9 +90,11 @@ fn ring_drivers(ring: &UringShared) -> Arc<RingDrivers> {
     d
 }
 
-/// The watcher of one shared ring on one thread's runtime: see the module docs.
+/// The watcher of one shared ring on one runtime: see the module docs.
 pub(super) struct Watcher {
     drivers: Arc<RingDrivers>,
+    /// The runtime its task runs on.
+    runtime: Id,
     state: Mutex<WatchState>,
     /// Wakes the watcher's task to see whether any driver is left.
     stop: Notify,
@@ -103,32 +107,30 @@ struct WatchState {
     alive: bool,
 }
 
-/// The live watcher of `drivers`' ring for this thread, or a new one on the current runtime,
-/// with one more user.
+/// The live watcher of `drivers`' ring on the current runtime, or a new one, with one more
+/// user.
 fn join_watcher(drivers: &Arc<RingDrivers>) -> Result<Arc<Watcher>, Error> {
-    WATCHERS.with(|w| {
-        let mut list = w.borrow_mut();
-        list.retain(|w| w.strong_count() > 0);
-        let found = list
-            .iter()
-            .filter_map(Weak::upgrade)
-            .find(|w| Arc::ptr_eq(&w.drivers, drivers));
-        if let Some(w) = found {
-            let mut st = lock(&w.state);
-            if st.alive {
-                st.users += 1;
-                drop(st);
-                return Ok(w);
-            }
-        }
-        let w = start(drivers.clone())?;
-        list.retain(|old| {
-            !old.upgrade()
-                .is_some_and(|old| Arc::ptr_eq(&old.drivers, drivers))
+    let Ok(runtime) = Handle::try_current().map(|h| h.id()) else {
+        return Err(Error::Config {
+            problem: "an AsyncSender's driver outside a tokio runtime".into(),
+            fix: "make the sender from a task, or inside Runtime::enter".into(),
         });
-        list.push(Arc::downgrade(&w));
-        Ok(w)
-    })
+    };
+    let mut list = lock(&WATCHERS);
+    list.retain(|w| w.strong_count() > 0);
+    let mine = |w: &Watcher| w.runtime == runtime && Arc::ptr_eq(&w.drivers, drivers);
+    if let Some(w) = list.iter().filter_map(Weak::upgrade).find(|w| mine(w)) {
+        let mut st = lock(&w.state);
+        if st.alive {
+            st.users += 1;
+            drop(st);
+            return Ok(w);
+        }
+    }
+    let w = start(drivers.clone(), runtime)?;
+    list.retain(|old| !old.upgrade().is_some_and(|old| mine(&old)));
+    list.push(Arc::downgrade(&w));
+    Ok(w)
 }
 
 /// One user of `w` is gone; the last one stops its task.
@@ -151,7 +153,7 @@ pub(super) struct Watch {
 
 impl Watch {
     /// Wakes `driver` whenever owner `owner` of `ring` gets completions, through the ring's
-    /// watcher for this thread, started on the current runtime if it has none (which registers a
+    /// watcher on the current runtime, started if it has none (which registers a
     /// duplicate of the ring's descriptor with the reactor: `fcntl(F_DUPFD_CLOEXEC)`,
     /// `epoll_ctl`).
     pub(super) fn new(ring: UringShared, owner: u16, driver: Arc<Notify>) -> Result<Self, Error> {
@@ -173,7 +175,7 @@ impl Watch {
         lock(&self.watcher.state).alive
     }
 
-    /// Takes the ring's live watcher for this thread, or starts one on the current runtime.
+    /// Takes the ring's live watcher on the current runtime, or starts one.
     pub(super) fn renew(&mut self) -> Result<(), Error> {
         let new = join_watcher(&self.watcher.drivers)?;
         let old = std::mem::replace(&mut self.watcher, new);
@@ -198,7 +200,7 @@ impl Drop for Watch {
 }
 
 /// Starts a watcher of `drivers`' ring on the current runtime, with one user.
-fn start(drivers: Arc<RingDrivers>) -> Result<Arc<Watcher>, Error> {
+fn start(drivers: Arc<RingDrivers>, runtime: Id) -> Result<Arc<Watcher>, Error> {
     let dup = crate::sys::dup_raw(drivers.ring.fd()).map_err(|source| Error::Io {
         context: "fcntl(F_DUPFD_CLOEXEC) of the shared io_uring's descriptor",
         source,
@@ -209,6 +211,7 @@ fn start(drivers: Arc<RingDrivers>) -> Result<Arc<Watcher>, Error> {
     })?;
     let watcher = Arc::new(Watcher {
         drivers,
+        runtime,
         state: Mutex::new(WatchState {
             users: 1,
             alive: true,
