@@ -557,6 +557,12 @@ impl<B: SendBuf> Sender<B> {
         self.engine.wait_slice()
     }
 
+    /// The shared ring this sender's requests go to and its owner id there, while it is on one.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn shared_ring(&self) -> Option<(UringShared, u16)> {
+        self.engine.shared_ring()
+    }
+
     /// Waits (`poll(2)`) for the sender's readiness, up to `timeout`, then makes progress into the
     /// sender's own list of released buffers.
     fn wait(&mut self, timeout: Option<Duration>, retry: bool) -> io::Result<()> {

@@ -215,6 +215,12 @@ pub(crate) trait Engine<B: SendBuf>: Send {
         None
     }
 
+    /// The shared ring this engine's requests go to, and its owner id there (see
+    /// [`UringShared::route`]); `None` for a ring of its own or no ring.
+    fn shared_ring(&self) -> Option<(UringShared, u16)> {
+        None
+    }
+
     /// `auto`'s policy, for [`Sender::explain`](crate::Sender::explain).
     fn auto_policy(&self) -> Option<&policy::auto::AutoPolicy> {
         None

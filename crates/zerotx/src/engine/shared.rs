@@ -241,6 +241,14 @@ impl RingRef {
         }
     }
 
+    /// The handle of a ring shared through a [`UringShared`].
+    pub(crate) fn shared_handle(&self) -> Option<UringShared> {
+        match self {
+            RingRef::Shared(r) => Some(UringShared { ring: r.clone() }),
+            RingRef::Own(_) | RingRef::Gone => None,
+        }
+    }
+
     /// Other senders use the ring too (they may reap this sender's completions).
     pub(crate) fn is_shared(&self) -> bool {
         matches!(self, RingRef::Shared(r) if Arc::strong_count(r) > 1)
@@ -323,6 +331,29 @@ impl UringShared {
     /// `io_uring_enter` calls made so far, by every sender on the ring.
     pub fn enters(&self) -> u64 {
         self.ring.lock().enters()
+    }
+
+    /// The ring's descriptor (`io_uring_setup`'s): readable when CQEs wait. It stays open as long
+    /// as the ring.
+    pub(crate) fn fd(&self) -> std::os::fd::RawFd {
+        self.ring.lock().fd()
+    }
+
+    /// Whether `self` and `other` are handles of one ring.
+    pub(crate) fn same(&self, other: &UringShared) -> bool {
+        Arc::ptr_eq(&self.ring, &other.ring)
+    }
+
+    /// Moves the completions waiting in the ring into their owners' inboxes, and appends to
+    /// `woken` the owners whose inbox got some since the last call (see `Ring::route`): for an
+    /// event loop that watches the ring's descriptor once for every sender on it. Requests of
+    /// departed senders whose last CQE came are freed after the lock is let go.
+    pub(crate) fn route(&self, woken: &mut Vec<u16>) {
+        let mut ring = self.ring.lock();
+        ring.route(woken);
+        let departed = ring.has_departed().then(|| ring.take_departed());
+        drop(ring);
+        drop(departed);
     }
 
     /// Test hook: the completion queue's entries (as the kernel made it).

@@ -1164,6 +1164,11 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         self.st.auto.as_ref()
     }
 
+    fn shared_ring(&self) -> Option<(UringShared, u16)> {
+        let ring = self.ring.shared_handle().filter(|_| !self.st.left)?;
+        Some((ring, self.st.owner))
+    }
+
     fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
         if !self.st.zc {
             return Err(Error::Unsupported {

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use ::tokio::io::Interest;
 use ::tokio::sync::Notify;
 use ::tokio::time::Instant;
 
+use super::ring::Watch;
 use crate::buf::SendBuf;
 use crate::report::Released;
 use crate::sender::Sender;
@@ -20,11 +22,14 @@ use crate::sender::Sender;
 /// What the sender's owner and the driver share. The lock is never held across an await.
 pub(super) struct Shared<B: SendBuf> {
     state: Mutex<State<B>>,
-    /// Wakes the driver: work appeared, a send was handed back, or the owner left.
-    pub(super) driver: Notify,
+    /// Wakes the driver: work appeared, a send was handed back, the owner left, or (a shared
+    /// ring's watcher) completions came for the sender.
+    pub(super) driver: Arc<Notify>,
     /// Wakes the owner's waits (`send`, `released`, `flush`): the driver made progress, or
     /// readiness that may let a handed-back send go came.
     pub(super) owner: Notify,
+    /// Turns of the driver's loop (each a wake-up that looks at the sender): a test hook.
+    pub(super) turns: AtomicU64,
 }
 
 pub(super) struct State<B: SendBuf> {
@@ -58,7 +63,7 @@ pub(super) enum Leave {
 }
 
 impl<B: SendBuf> Shared<B> {
-    pub(super) fn new(tx: Sender<B>) -> Arc<Self> {
+    pub(super) fn new(tx: Sender<B>, driver: Arc<Notify>) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 tx: Some(tx),
@@ -71,8 +76,9 @@ impl<B: SendBuf> Shared<B> {
                 reap_failed: false,
                 leaving: None,
             }),
-            driver: Notify::new(),
+            driver,
             owner: Notify::new(),
+            turns: AtomicU64::new(0),
         })
     }
 
@@ -126,13 +132,24 @@ impl<B: SendBuf> State<B> {
     /// while another took the releases, `send_and_release_from_two_tasks`). So a reap here that
     /// made progress wakes the owner's waits whenever a send is blocked, as the driver's own reap
     /// does. The completion count is read only then: `released` reaps once per buffer.
-    pub(super) fn reap_for_owner(&mut self, owner: &Notify) -> usize {
+    ///
+    /// On a shared ring (`watched`: its driver is woken by the ring's watcher, not by the ring's
+    /// readiness) the reap may also push a stream's next request into the SQ, and the driver
+    /// would not wake to enter it; so the reap is followed by [`Sender::readiness`], which enters
+    /// what waits in the SQ (no system call when nothing does), and wakes the driver if that
+    /// failed, for it to retry.
+    pub(super) fn reap_for_owner(&mut self, owner: &Notify, watched: Option<&Notify>) -> usize {
         let completions = |st: &Self| st.tx.as_ref().map(|t| t.stats().completions);
         let before = (self.blocked > 0).then(|| completions(self));
         let n = self.reap();
         if let Some(before) = before {
             if n > 0 || completions(self) != before {
                 owner.notify_waiters();
+            }
+        }
+        if let (Some(driver), Some(tx)) = (watched, self.tx.as_mut()) {
+            if tx.readiness().events & libc::POLLOUT != 0 {
+                driver.notify_one();
             }
         }
         n
@@ -180,6 +197,15 @@ fn what_to_wait_for<B: SendBuf>(st: &mut State<B>, ring: bool) -> Wait {
     Wait::Ready(interest, slice)
 }
 
+/// What wakes the driver besides its [`Shared::driver`].
+pub(super) enum Waker {
+    /// Readiness of its own duplicate of the descriptor the sender names (a socket, or a ring of
+    /// the sender's own).
+    Fd(AsyncFd<OwnedFd>),
+    /// A shared ring's watcher, which wakes the driver when the sender got completions.
+    Ring(Watch),
+}
+
 /// Waits for `interest` on `io`, at most `until`. `None`: the time ran out.
 async fn ready(
     io: &AsyncFd<OwnedFd>,
@@ -196,11 +222,13 @@ async fn ready(
 }
 
 /// The driver: runs until the owner leaves (and, after a drop, until the kernel released
-/// everything or the drop deadline passed). Owns the registration of the readiness descriptor.
-pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedFd>, ring: bool) {
+/// everything or the drop deadline passed). Owns the registration of the readiness descriptor,
+/// or its place with the shared ring's watcher.
+pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, mut waker: Waker, ring: bool) {
     // The pause before the next try when progress fails again and again; `None` while it works.
     let mut retry: Option<Duration> = None;
     loop {
+        shared.turns.fetch_add(1, Ordering::Relaxed);
         let (wait, failed) = {
             let mut st = shared.lock();
             let n = st.reap();
@@ -217,7 +245,7 @@ pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedF
                     let tx = st.tx.take().expect("checked above");
                     drop(st);
                     // Deregister before the socket goes; what the kernel still holds is kept.
-                    drop(io);
+                    drop(waker);
                     let _ = tx.close(Duration::ZERO);
                     return;
                 }
@@ -252,7 +280,39 @@ pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedF
                 }
                 None => ::tokio::task::yield_now().await,
             },
+            Wait::Ready(_, slice) if matches!(waker, Waker::Ring(_)) => {
+                let Waker::Ring(watch) = &mut waker else {
+                    unreachable!("matched above")
+                };
+                // The watcher wakes the driver when the sender's completions come, whoever reaped
+                // them, so the slice that stands in for that wake-up is needed only if the watcher
+                // ended (its runtime shut down) and no new one could start.
+                let slice = match watch.alive() || watch.renew().is_ok() {
+                    true => None,
+                    false => slice,
+                };
+                let until = match (slice.map(|s| Instant::now() + s), drain_deadline) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                match until {
+                    Some(t) => {
+                        ::tokio::select! {
+                            () = shared.driver.notified() => {}
+                            () = ::tokio::time::sleep_until(t) => {}
+                        }
+                    }
+                    None => shared.driver.notified().await,
+                }
+                shared.lock().reap();
+                // Completions may have made room for a handed-back send, which only its retry
+                // can tell.
+                shared.owner.notify_waiters();
+            }
             Wait::Ready(interest, slice) => {
+                let Waker::Fd(io) = &waker else {
+                    unreachable!("a ring's watcher is matched above")
+                };
                 let until = match (slice.map(|s| Instant::now() + s), drain_deadline) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -260,7 +320,7 @@ pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, io: AsyncFd<OwnedF
                 let guard = ::tokio::select! {
                     biased;
                     () = shared.driver.notified() => continue,
-                    g = ready(&io, interest, until) => g,
+                    g = ready(io, interest, until) => g,
                 };
                 let guard = match guard {
                     Ok(g) => g,

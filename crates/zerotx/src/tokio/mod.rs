@@ -23,13 +23,16 @@
 //! ## Readiness, without busy polling
 //! The driver waits through tokio's reactor on a duplicate of the descriptor
 //! [`Sender::readiness`] names (a duplicate, because the same descriptor cannot be registered
-//! twice, and one ring serves many senders):
+//! twice):
 //! - `msg-zc` (and `copy`): the socket, for `Interest::ERROR` (completions on the error queue make
 //!   the socket report `EPOLLERR`; tokio 1.32) and `Interest::WRITABLE` only while a send waits
 //!   for room, so that waiting for completions does not wake on a writable socket.
-//! - `uring`, `uring-zc`: the io_uring's fd, readable when completions are posted. Senders on a
-//!   shared ring also look again every [`Sender::wait_slice`] (another sender may have reaped
-//!   their completions for them), with tokio's timer, never spinning.
+//! - `uring`, `uring-zc` on a ring of their own: the io_uring's fd, readable when completions
+//!   are posted.
+//! - `uring`, `uring-zc` on a shared ring ([`thread_ring`], [`UringShared`](crate::UringShared)):
+//!   one registration of the ring's fd per ring and runtime, watched by one task that moves the
+//!   completions into their senders' inboxes and wakes only the drivers of the senders that got
+//!   some (whoever reaped them), so an idle sender's driver sleeps while others stream.
 //!
 //! Readiness is edge-triggered: the driver clears it only after a reap brought nothing, with
 //! tokio's readiness tick, so a completion that lands in between is not lost.
@@ -94,7 +97,7 @@ use crate::report::{Released, Stats};
 use crate::sender::{Closed, Sender, SenderConfig};
 use crate::socket::SockKind;
 
-use driver::{Leave, Shared};
+use driver::{Leave, Shared, Waker};
 
 /// How long the driver of a dropped [`AsyncSender`] goes on collecting completions before it
 /// closes the sender and keeps (leaks) what the kernel still holds.
@@ -114,6 +117,8 @@ pub struct AsyncSender<B: SendBuf> {
     kind: EngineKind,
     /// Waits on an io_uring rather than the socket.
     ring: bool,
+    /// Woken by a shared ring's watcher (see [`thread_ring`]'s module).
+    watched: bool,
 }
 
 impl<B: SendBuf> std::fmt::Debug for AsyncSender<B> {
@@ -170,6 +175,20 @@ impl<B: SendBuf> AsyncSender<B> {
             });
         };
         let kind = tx.engine();
+        let wake = Arc::new(::tokio::sync::Notify::new());
+        if let Some((ring, owner)) = tx.shared_ring() {
+            // One registration of the ring's descriptor serves every sender on it.
+            let watch = ring::Watch::new(ring, owner, wake.clone())?;
+            let shared = Shared::new(tx, wake);
+            let driver = rt.spawn(driver::drive(shared.clone(), Waker::Ring(watch), true));
+            return Ok(Self {
+                shared,
+                driver: Some(driver),
+                kind,
+                ring: true,
+                watched: true,
+            });
+        }
         let fd = tx.readiness().fd;
         // `fd` is the socket or the ring `tx` holds open; the duplicate is independent of `tx`.
         let dup = crate::sys::dup_raw(fd).map_err(|source| Error::Io {
@@ -188,14 +207,26 @@ impl<B: SendBuf> AsyncSender<B> {
             context: "registering the readiness descriptor with tokio (epoll_ctl)",
             source: e,
         })?;
-        let shared = Shared::new(tx);
-        let driver = rt.spawn(driver::drive(shared.clone(), io, ring));
+        let shared = Shared::new(tx, wake);
+        let driver = rt.spawn(driver::drive(shared.clone(), Waker::Fd(io), ring));
         Ok(Self {
             shared,
             driver: Some(driver),
             kind,
             ring,
+            watched: false,
         })
+    }
+
+    /// The driver's wake-up when a shared ring's watcher wakes it (see `State::reap_for_owner`).
+    fn watched(&self) -> Option<&::tokio::sync::Notify> {
+        self.watched.then_some(&*self.shared.driver)
+    }
+
+    /// Test hook: how often the driver task woke and looked at the sender so far.
+    #[doc(hidden)]
+    pub fn driver_turns(&self) -> u64 {
+        self.shared.turns.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The engine in use.
@@ -304,7 +335,7 @@ impl<B: SendBuf> AsyncSender<B> {
                 if let Some(e) = st.error.take() {
                     return Err(e);
                 }
-                if st.reap_for_owner(&self.shared.owner) > 0 {
+                if st.reap_for_owner(&self.shared.owner, self.watched()) > 0 {
                     continue;
                 }
                 if st.tx().in_flight() == 0 {
@@ -322,7 +353,7 @@ impl<B: SendBuf> AsyncSender<B> {
         if let Some(e) = st.error.take() {
             return Err(e);
         }
-        st.reap_for_owner(&self.shared.owner);
+        st.reap_for_owner(&self.shared.owner, self.watched());
         let n = st.released.len();
         out.extend(st.released.drain(..));
         Ok(n)
@@ -352,7 +383,7 @@ impl<B: SendBuf> AsyncSender<B> {
             notified.as_mut().enable();
             {
                 let mut st = self.shared.lock();
-                st.reap_for_owner(&self.shared.owner);
+                st.reap_for_owner(&self.shared.owner, self.watched());
                 if let Some(source) = st.error.take() {
                     return Err(Error::Io {
                         context: "waiting for completions",

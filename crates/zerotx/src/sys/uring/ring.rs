@@ -190,6 +190,8 @@ struct Slot {
 struct Owner {
     /// CQEs another owner reaped for it, in order; their requests stay in their slots.
     inbox: Vec<Cqe>,
+    /// CQEs went into its inbox since [`Ring::route`] last looked (it is in `Ring::unsaid`).
+    unsaid: bool,
     /// Requests pushed and not yet handed back (their slots).
     live: usize,
     /// The sender is gone; its id comes free when `live` reaches 0.
@@ -221,6 +223,9 @@ pub(crate) struct Ring {
     file_slots: u32,
     /// Requests of owners that left, whose last CQE arrived: the kernel is done with them.
     departed: Vec<Box<dyn Any + Send>>,
+    /// Owners whose `unsaid` is set, for [`Ring::route`] (an id may have gone to a new owner
+    /// since: at most twice each).
+    unsaid: Vec<u16>,
 }
 
 impl Ring {
@@ -276,6 +281,7 @@ impl Ring {
             enters: 0,
             file_slots,
             departed: Vec::new(),
+            unsaid: Vec::new(),
         })
     }
 
@@ -314,6 +320,7 @@ impl Ring {
             .map(|_| slot);
         self.owners[i] = Some(Owner {
             inbox: Vec::new(),
+            unsaid: false,
             live: 0,
             left: false,
             file,
@@ -627,6 +634,32 @@ impl Ring {
         }
     }
 
+    /// Moves every CQE waiting in the CQ (and what overflowed) into its owner's inbox, as a reap
+    /// by an owner with none of them would, and appends to `woken` each owner whose inbox got
+    /// CQEs since this call last looked and still holds some: whether this call or another
+    /// owner's reap put them there. An event loop that watches the ring's fd once for all its
+    /// owners wakes just those (the others have nothing new to reap).
+    pub(crate) fn route(&mut self, woken: &mut Vec<u16>) {
+        for _ in 0..FLUSH_ROUNDS {
+            // No owner has the id `NOBODY`: every CQE goes to an inbox (or, an owner that left,
+            // to the departed list), none to `apply`.
+            self.drain_cq::<Nop>(NOBODY, &mut |_, _| {});
+            if !self.cq_overflow() || self.enter().is_err() {
+                break;
+            }
+        }
+        for id in self.unsaid.drain(..) {
+            let Some(o) = owner_in(&mut self.owners, id).filter(|o| o.unsaid) else {
+                continue; // gone, or a new owner of the id already looked at
+            };
+            o.unsaid = false;
+            // An owner that claimed its inbox since, or left, has nothing to be woken for.
+            if !o.left && !o.inbox.is_empty() {
+                woken.push(id);
+            }
+        }
+    }
+
     /// Hands every CQE of `reaper` to `apply`, and moves the others' to their owners' inboxes, in
     /// order.
     fn drain_cq<O: Op>(&mut self, reaper: u16, apply: &mut impl FnMut(Cqe, Lent<'_, O>)) {
@@ -681,6 +714,10 @@ impl Ring {
                 // Its request keeps its slot until its owner claims this CQE.
                 if cqe.last {
                     self.unclaimed += 1;
+                }
+                if !o.unsaid {
+                    o.unsaid = true;
+                    self.unsaid.push(who);
                 }
                 o.inbox.push(cqe);
             }
@@ -939,6 +976,62 @@ mod tests {
         assert!(ring.push(other, 0, op).is_ok());
         drop(ring);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
+    }
+
+    /// Waits until a CQE is posted (the ring's fd turns readable), up to 1 s.
+    fn wait_cqe(ring: &Ring) {
+        crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_secs(1))).unwrap();
+    }
+
+    #[test]
+    fn route_names_only_the_owners_whose_inbox_got_cqes() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (tx, _rx) = udp_pair();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
+        let (a, b, idle) = (
+            ring.join(None).unwrap(),
+            ring.join(None).unwrap(),
+            ring.join(None).unwrap(),
+        );
+        let mut woken = Vec::new();
+        // A CQE in the CQ: moved into its owner's inbox, and its owner named, once.
+        assert!(ring.push(a, 0, copy_op(&tx, 1, &drops)).is_ok());
+        ring.submit().unwrap();
+        wait_cqe(&ring);
+        ring.route(&mut woken);
+        assert_eq!(woken, [a]);
+        woken.clear();
+        ring.route(&mut woken);
+        assert!(woken.is_empty(), "named again: {woken:?}");
+        let got = reap_all(&mut ring, a);
+        assert_eq!(got.len(), 1);
+        assert!(got[0].cqe.last && got[0].op.is_some());
+        // A CQE another owner's reap moved into an inbox: its owner is named all the same.
+        assert!(ring.push(b, 0, copy_op(&tx, 2, &drops)).is_ok());
+        ring.submit().unwrap();
+        wait_cqe(&ring);
+        assert!(reap_all(&mut ring, a).is_empty());
+        ring.route(&mut woken);
+        assert_eq!(woken, [b]);
+        woken.clear();
+        // One that claimed its inbox before the route looked is not named.
+        assert!(ring.push(b, 0, copy_op(&tx, 3, &drops)).is_ok());
+        ring.submit().unwrap();
+        wait_cqe(&ring);
+        assert!(reap_all(&mut ring, a).is_empty());
+        assert_eq!(reap_all(&mut ring, b).len(), 2);
+        ring.route(&mut woken);
+        assert!(woken.is_empty(), "named with an empty inbox: {woken:?}");
+        // An owner that left is never named: its request departs at its last CQE.
+        assert!(ring.push(a, 0, copy_op(&tx, 4, &drops)).is_ok());
+        ring.submit().unwrap();
+        ring.leave(a);
+        wait_cqe(&ring);
+        ring.route(&mut woken);
+        assert!(woken.is_empty(), "a departed owner named: {woken:?}");
+        assert_eq!(ring.take_departed().len(), 1);
+        assert!(!woken.contains(&idle));
+        assert_eq!(ring.in_flight(), 0);
     }
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
