@@ -51,7 +51,7 @@ pub fn write(args: std::fmt::Arguments<'_>) {
     write_bytes(args.to_string().as_bytes());
 }
 
-/// Writes `bytes` to standard output (or `--logfile`), as [`write`].
+/// Writes `bytes` to standard output (or `--logfile`), as [`write()`].
 pub fn write_bytes(bytes: &[u8]) {
     if let Some(log) = LOG.get() {
         let mut f = log.lock().unwrap_or_else(|p| p.into_inner());
@@ -79,14 +79,14 @@ fn fail(e: &io::Error) {
     std::process::exit(1);
 }
 
-/// `println!` through [`write`].
+/// `println!` through [`write()`].
 macro_rules! outln {
     ($($t:tt)*) => {
         $crate::stdout::write(format_args!("{}\n", format_args!($($t)*)))
     };
 }
 
-/// `print!` through [`write`].
+/// `print!` through [`write()`].
 macro_rules! out {
     ($($t:tt)*) => {
         $crate::stdout::write(format_args!($($t)*))
