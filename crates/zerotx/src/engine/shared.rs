@@ -264,11 +264,14 @@ impl RingRef {
 /// `uring-zc` sender on it sends that pool's buffers from registered memory.
 ///
 /// - **Room.** The ring keeps room in its completion queue for up to
-///   [`UringConfig::senders`] senders at once, each sure of room for one request (a stream, whose
-///   one request in flight parks while its peer does not read, never needs more), and shares room
-///   for twice [`UringConfig::entries`] more completions (less where io_uring's limit of 65536
-///   cuts it) among the senders that keep several requests in flight (datagram sockets), each up
-///   to `entries` requests. A sender beyond
+///   [`UringConfig::senders`] senders at once, each sure of room for one request (a stream whose
+///   peer does not read has its one request parked there), and shares room for twice
+///   [`UringConfig::entries`] more completions (less where io_uring's limit of 65536 cuts it)
+///   among the senders that keep several requests in flight (datagram sockets, and a stream whose
+///   earlier requests still owe their zero-copy notifications), each up to `entries` requests. So
+///   a sender always has room for a request once its own completions arrived, but one sender
+///   that owes many notifications can take the shared part and slow the others to one request at
+///   a time. A sender beyond
 ///   `senders` is refused with [`Error::RingFull`].
 /// - **Waiting.** Requests are entered in batches: a request pushed while others are in flight
 ///   waits in the SQ until the batch fills or someone calls [`Sender::readiness`], which enters

@@ -7,10 +7,12 @@
 //!   notification); an owner's cancel one. A request's CQEs are owed from its push until they
 //!   are read from the CQ.
 //! - **A reserve per owner.** Every owner on the ring has [`RESERVE`] CQEs set aside from its
-//!   join until it is gone: one send request and its cancel. A stream, which has one request in
-//!   flight, never needs more, so streams whose peers do not read (each request parked, its
-//!   CQEs owed until the peer reads) can never take the room another stream needs; the ring
-//!   takes only as many owners as it has reserves for.
+//!   join until it is gone: one send request and its cancel. A stream has one request in flight,
+//!   so streams whose peers do not read (each request parked, its CQEs owed until the peer
+//!   reads) can never take the room another stream needs; the ring takes only as many owners as
+//!   it has reserves for. A stream whose earlier requests still owe their zero-copy
+//!   notifications (sent, not yet acknowledged) takes the pool below for its next request, so
+//!   the reserve guarantees progress, not an equal share.
 //! - **A shared pool, bounded per owner.** Sends beyond an owner's reserve (datagram sockets,
 //!   many requests in flight) take CQEs from a pool all owners share, each owner up to
 //!   `per_owner` CQEs in all.
