@@ -418,22 +418,6 @@ struct Recv {
 impl Recv {
     fn start(args: &[&str], port: u16, udp: bool) -> Self {
         let mut proc = Proc::spawn(&mut zerotx(&[&["recv"], args].concat()));
-        let collect = |mut r: Box<dyn Read + Send>| {
-            let out = Arc::new(Mutex::new(String::new()));
-            let o = out.clone();
-            thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = r.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    o.lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            });
-            out
-        };
         let stdout = collect(Box::new(proc.0.stdout.take().unwrap()));
         let stderr = collect(Box::new(proc.0.stderr.take().unwrap()));
         let t0 = Instant::now();

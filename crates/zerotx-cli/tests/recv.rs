@@ -14,7 +14,7 @@ mod common;
 #[path = "../src/transfer/pattern.rs"]
 mod pattern;
 
-use common::bound;
+use common::{bound, collect};
 use pattern::{Window, PERIOD};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -44,22 +44,6 @@ impl Recv {
             .stderr(Stdio::piped())
             .spawn()
             .expect("zerotx runs");
-        let collect = |mut r: Box<dyn Read + Send>| {
-            let out = Arc::new(Mutex::new(String::new()));
-            let o = out.clone();
-            thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = r.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    o.lock()
-                        .unwrap()
-                        .push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-            });
-            out
-        };
         let stdout = collect(Box::new(child.stdout.take().unwrap()));
         let stderr = collect(Box::new(child.stderr.take().unwrap()));
         Self {

@@ -14,7 +14,7 @@ use tokio::runtime::{Builder, Runtime};
 use zerotx::tokio::{thread_ring, AsyncSender};
 use zerotx::{leaked_buffers, EngineKind, SendError, SenderConfig};
 
-use util::{fill, tcp_pair, Peer};
+use util::{fill, stalled_peer, tcp_pair, Peer};
 
 fn current_thread() -> Runtime {
     Builder::new_current_thread().enable_all().build().unwrap()
@@ -198,18 +198,6 @@ fn peer_reset_mid_stream_returns_every_buffer() {
             "{kind}: a clone of the object never came back"
         );
     }
-}
-
-/// A TCP connection on loopback whose accepted side (returned second) never reads, with a small
-/// receive buffer.
-fn stalled_peer() -> (TcpStream, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (server, _) = listener.accept().unwrap();
-    socket2::SockRef::from(&server)
-        .set_recv_buffer_size(32 << 10)
-        .unwrap();
-    (client, server)
 }
 
 /// How many 256 KiB buffers `kind` may accept for a [`stalled_peer`]: the socket buffer takes a

@@ -3,28 +3,16 @@
 
 mod util;
 
-use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::runtime::Builder;
+use util::stalled_peer;
 use zerotx::tokio::AsyncSender;
 use zerotx::{leaked_buffers, EngineKind};
 
 /// Senders per runtime: the 8 took 8.0 s to shut down.
 const SENDERS: usize = 8;
-
-/// A TCP connection on loopback whose accepted side (returned second) never reads, with a small
-/// receive buffer.
-fn stalled_peer() -> (TcpStream, TcpStream) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (server, _) = listener.accept().unwrap();
-    socket2::SockRef::from(&server)
-        .set_recv_buffer_size(32 << 10)
-        .unwrap();
-    (client, server)
-}
 
 /// Each sender lives in a task of its own that filled its stalled peer and then waits for ever:
 /// the runtime's shutdown drops the tasks (the owners and the drivers) with buffers in the kernel.

@@ -279,3 +279,22 @@ fn ip(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Collects what `r` (a child's stdout or stderr) writes, as text, on a thread of its own, so a
+/// test can read it while the child runs.
+pub fn collect(mut r: Box<dyn std::io::Read + Send>) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let o = out.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = r.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            o.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    out
+}

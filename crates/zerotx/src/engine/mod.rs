@@ -217,6 +217,7 @@ pub(crate) trait Engine<B: SendBuf>: Send {
 
     /// The shared ring this engine's requests go to, and its owner id there (see
     /// [`UringShared::route`]); `None` for a ring of its own or no ring.
+    #[cfg(feature = "tokio")]
     fn shared_ring(&self) -> Option<(UringShared, u16)> {
         None
     }

@@ -242,6 +242,7 @@ impl RingRef {
     }
 
     /// The handle of a ring shared through a [`UringShared`].
+    #[cfg(feature = "tokio")]
     pub(crate) fn shared_handle(&self) -> Option<UringShared> {
         match self {
             RingRef::Shared(r) => Some(UringShared { ring: r.clone() }),
@@ -338,11 +339,13 @@ impl UringShared {
 
     /// The ring's descriptor (`io_uring_setup`'s): readable when CQEs wait. It stays open as long
     /// as the ring.
+    #[cfg(feature = "tokio")]
     pub(crate) fn fd(&self) -> std::os::fd::RawFd {
         self.ring.lock().fd()
     }
 
     /// Whether `self` and `other` are handles of one ring.
+    #[cfg(feature = "tokio")]
     pub(crate) fn same(&self, other: &UringShared) -> bool {
         Arc::ptr_eq(&self.ring, &other.ring)
     }
@@ -351,6 +354,7 @@ impl UringShared {
     /// `woken` the owners whose inbox got some since the last call (see `Ring::route`): for an
     /// event loop that watches the ring's descriptor once for every sender on it. Requests of
     /// departed senders whose last CQE came are freed after the lock is let go.
+    #[cfg(feature = "tokio")]
     pub(crate) fn route(&self, woken: &mut Vec<u16>) {
         let mut ring = self.ring.lock();
         ring.route(woken);

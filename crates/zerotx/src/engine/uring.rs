@@ -1164,6 +1164,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         self.st.auto.as_ref()
     }
 
+    #[cfg(feature = "tokio")]
     fn shared_ring(&self) -> Option<(UringShared, u16)> {
         let ring = self.ring.shared_handle().filter(|_| !self.st.left)?;
         Some((ring, self.st.owner))

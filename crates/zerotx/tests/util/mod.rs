@@ -42,6 +42,18 @@ pub fn in_black_hole<T: Send>(
     }
 }
 
+/// A TCP connection on loopback whose accepted side (returned second) never reads, with a small
+/// receive buffer.
+pub fn stalled_peer() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (server, _) = listener.accept().unwrap();
+    socket2::SockRef::from(&server)
+        .set_recv_buffer_size(32 << 10)
+        .unwrap();
+    (client, server)
+}
+
 pub fn localhost(v6: bool) -> IpAddr {
     if v6 {
         Ipv6Addr::LOCALHOST.into()

@@ -639,6 +639,7 @@ impl Ring {
     /// CQEs since this call last looked and still holds some: whether this call or another
     /// owner's reap put them there. An event loop that watches the ring's fd once for all its
     /// owners wakes just those (the others have nothing new to reap).
+    #[cfg(any(feature = "tokio", test))]
     pub(crate) fn route(&mut self, woken: &mut Vec<u16>) {
         for _ in 0..FLUSH_ROUNDS {
             // No owner has the id `NOBODY`: every CQE goes to an inbox (or, an owner that left,
