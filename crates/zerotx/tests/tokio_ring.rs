@@ -4,6 +4,7 @@
 
 mod util;
 
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
@@ -258,4 +259,84 @@ fn a_stream_on_a_second_runtime_does_not_wait_for_an_idle_first() {
     assert_eq!(reader.join().unwrap().bytes, (BLOCKS * BLOCK) as u64);
     first.block_on(async { drop(idle.close(Duration::from_secs(1)).await) });
     assert_eq!(first_reader.join().unwrap().bytes, 0);
+}
+
+/// A completion that another sender's reap moves into a sender's inbox must wake that sender's
+/// driver. The ring's watcher learns of completions from the ring's readiness, and epoll reports
+/// a readiness only if the ring still holds CQEs when the event loop asks: a reap in between
+/// (another sender's `drain_released`, `send` or driver) empties it, and nothing woke the owner,
+/// whose buffer then waited for its `flush` to time out (seen under load as a connection of the
+/// object server stalled mid-body). Made on demand here: sender A's request parks on a full
+/// socket, A's `flush` waits, the peer reads so the kernel completes A's request, and sender B
+/// reaps the ring before the event loop runs again.
+#[test]
+fn a_completion_another_sender_reaped_wakes_its_owner() {
+    use std::io::Read;
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let rt = Builder::new_current_thread().enable_all().build().unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        rt.block_on(async {
+            let ring = thread_ring().expect("ring");
+            let cfg = SenderConfig::shared(kind, &ring);
+            // A's socket is full before A exists: its first request parks.
+            let (a_sock, mut a_peer) = stalled_pair(&l);
+            a_sock.set_nonblocking(true).unwrap();
+            let mut prefill = 0usize;
+            let chunk = [0x11u8; 4096];
+            loop {
+                match (&a_sock).write(&chunk) {
+                    Ok(n) => prefill += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => panic!("prefill: {e}"),
+                }
+            }
+            let a = Arc::new(AsyncSender::with_config(a_sock, cfg.clone()).expect("sender A"));
+            let (b_sock, _b_peer) = stalled_pair(&l);
+            let b = AsyncSender::<Vec<u8>>::with_config(b_sock, cfg.clone()).expect("sender B");
+            const LEN: usize = 1000;
+            a.send(vec![0x22u8; LEN]).await.expect("queued");
+            let waiter = {
+                let a = a.clone();
+                // Far longer than the wait below: a flush that wakes only at its deadline (and
+                // then reaps its inbox) is the defect.
+                tokio::spawn(async move { a.flush(Duration::from_secs(60)).await })
+            };
+            // A's driver, A's flush and the ring's watcher look once and sleep.
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(a.in_flight(), 1, "{kind}: A's request did not park");
+            // Without returning to the event loop: the peer reads everything, which lets the
+            // kernel complete A's request (on this thread, on the way out of a read), and B
+            // reaps the ring, which moves A's completion into A's inbox.
+            a_peer.set_nonblocking(true).unwrap();
+            let mut got = 0usize;
+            let mut buf = vec![0u8; 64 << 10];
+            let mut spins = 0u32;
+            while got < prefill + LEN {
+                match a_peer.read(&mut buf) {
+                    Ok(0) => panic!("{kind}: A's peer saw the end"),
+                    Ok(n) => got += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        spins += 1;
+                        assert!(spins < 5_000_000, "{kind}: A's bytes never came ({got})");
+                        std::hint::spin_loop();
+                    }
+                    Err(e) => panic!("{kind}: {e}"),
+                }
+            }
+            let mut none = Vec::new();
+            b.drain_released(&mut none).expect("B reaps");
+            // A liveness bound, not a speed one: the wake-up is a few task switches.
+            let flushed = tokio::time::timeout(Duration::from_secs(2), waiter).await;
+            assert!(
+                matches!(flushed, Ok(Ok(Ok(())))),
+                "{kind}: A's completion, reaped by B, never reached A's flush: {flushed:?}"
+            );
+            drop(b.close(Duration::from_secs(2)).await);
+            let a = Arc::into_inner(a).expect("one owner");
+            let closed = a.close(Duration::from_secs(2)).await;
+            assert_eq!(closed.kept, 0, "{kind}");
+        });
+    }
 }

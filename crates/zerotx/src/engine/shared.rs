@@ -363,6 +363,19 @@ impl UringShared {
         drop(departed);
     }
 
+    /// Sets what a reap calls when it moves completions into another sender's inbox (see
+    /// `Ring::on_inbox`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn on_inbox(&self, hook: crate::sys::uring::InboxHook) {
+        self.ring.lock().on_inbox(Some(hook));
+    }
+
+    /// Clears the hook [`on_inbox`](Self::on_inbox) set, unless another was set since.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn clear_on_inbox(&self, hook: &crate::sys::uring::InboxHook) {
+        self.ring.lock().clear_on_inbox(hook);
+    }
+
     /// Test hook: the completion queue's entries (as the kernel made it).
     #[doc(hidden)]
     pub fn cq_entries(&self) -> u32 {

@@ -6,9 +6,11 @@
 //! find nothing of its own, so a stream's cost grew with the idle senders beside it. The watcher
 //! is a task that waits for the ring's descriptor to turn readable, moves the completions into
 //! their senders' inboxes (`UringShared::route`) and wakes just the drivers of those senders. A
-//! driver that reaps the ring itself routes the other senders' completions the same way; the
-//! watcher wakes their drivers at its next look, which the completions' own readiness edge
-//! brings.
+//! driver or an owner's call that reaps the ring itself moves the other senders' completions into
+//! their inboxes the same way, and the ring then wakes a watcher through its inbox hook
+//! (`UringShared::on_inbox`). The completions' readiness cannot be relied on for that: epoll
+//! reports the ring readable only if CQEs are still in the CQ when the event loop asks, and the
+//! reap took them first.
 //!
 //! There is one watcher per ring and runtime with async senders on it (a ring's senders may be
 //! made on several runtimes), and one map of the ring's drivers that every watcher of the ring
@@ -26,6 +28,7 @@ use ::tokio::sync::Notify;
 
 use crate::engine::{UringConfig, UringShared};
 use crate::error::Error;
+use crate::sys::uring::InboxHook;
 
 thread_local! {
     static RING: RefCell<Option<UringShared>> = const { RefCell::new(None) };
@@ -61,6 +64,19 @@ pub fn thread_ring() -> Result<UringShared, Error> {
 struct RingDrivers {
     ring: UringShared,
     map: Mutex<HashMap<u16, Arc<Notify>>>,
+    /// Wakes a watcher of the ring when a reap outside the watchers (a driver, an owner's call)
+    /// moved completions into another sender's inbox: the ring's readiness may never tell (see
+    /// the module docs).
+    routed: Arc<Notify>,
+    /// The hook set on the ring that wakes `routed`.
+    hook: InboxHook,
+}
+
+impl Drop for RingDrivers {
+    fn drop(&mut self) {
+        // No async sender is left on the ring: nobody to tell (a newer map's hook stays).
+        self.ring.clear_on_inbox(&self.hook);
+    }
 }
 
 /// The driver maps of the shared rings that have async senders.
@@ -82,9 +98,15 @@ fn ring_drivers(ring: &UringShared) -> Arc<RingDrivers> {
     {
         return d;
     }
+    let routed = Arc::new(Notify::new());
+    let wake = routed.clone();
+    let hook: InboxHook = Arc::new(move || wake.notify_one());
+    ring.on_inbox(hook.clone());
     let d = Arc::new(RingDrivers {
         ring: ring.clone(),
         map: Mutex::new(HashMap::new()),
+        routed,
+        hook,
     });
     list.push(Arc::downgrade(&d));
     d
@@ -254,12 +276,14 @@ async fn watch(watcher: Arc<Watcher>, io: AsyncFd<OwnedFd>) {
                 }
                 continue;
             }
-            g = io.readable() => g,
+            () = w.drivers.routed.notified() => None,
+            g = io.readable() => Some(g),
         };
-        let mut guard = match guard {
-            Ok(g) => g,
+        let guard = match guard {
+            None => None,
+            Some(Ok(g)) => Some(g),
             // The reactor is gone (the runtime shuts down): the drivers take a new watcher.
-            Err(_) => return,
+            Some(Err(_)) => return,
         };
         w.drivers.ring.route(&mut woken);
         {
@@ -272,6 +296,8 @@ async fn watch(watcher: Arc<Watcher>, io: AsyncFd<OwnedFd>) {
         }
         // Every CQE posted before the route was moved; one posted since came with a new
         // readiness tick, which this clear keeps (tokio clears only the tick it handed out).
-        guard.clear_ready();
+        if let Some(mut guard) = guard {
+            guard.clear_ready();
+        }
     }
 }

@@ -23,6 +23,8 @@ mod ring;
 
 pub(crate) use op::{SendKind, SendOp};
 pub(crate) use orphans::adopt;
+#[cfg(feature = "tokio")]
+pub(crate) use ring::InboxHook;
 pub(crate) use ring::{
     Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_CQ_ENTRIES, MAX_REGISTERED,
 };

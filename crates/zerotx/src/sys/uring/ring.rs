@@ -226,7 +226,13 @@ pub(crate) struct Ring {
     /// Owners whose `unsaid` is set, for [`Ring::route`] (an id may have gone to a new owner
     /// since: at most twice each).
     unsaid: Vec<u16>,
+    /// Called when a reap puts CQEs into another owner's inbox (see [`Ring::on_inbox`]).
+    on_inbox: Option<InboxHook>,
 }
+
+/// What [`Ring::on_inbox`] calls: it runs under the ring's lock, so it must only signal (wake a
+/// task, set a flag), never touch the ring.
+pub(crate) type InboxHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 impl Ring {
     /// The CQEs a ring of `entries` SQEs for up to `owners` owners is set up with: a reserve per
@@ -282,6 +288,7 @@ impl Ring {
             file_slots,
             departed: Vec::new(),
             unsaid: Vec::new(),
+            on_inbox: None,
         })
     }
 
@@ -634,6 +641,28 @@ impl Ring {
         }
     }
 
+    /// Sets what a reap calls when it moves CQEs into the inbox of an owner that was not yet
+    /// waiting to be named by [`route`](Self::route) (`None`: nothing). An event loop that learns
+    /// of completions from the ring's readiness needs it: epoll reports the ring readable only if
+    /// CQEs are still in the CQ when the loop asks, so CQEs another owner's reap took first
+    /// would otherwise wait in their inbox with nobody told.
+    #[cfg(any(feature = "tokio", test))]
+    pub(crate) fn on_inbox(&mut self, hook: Option<InboxHook>) {
+        self.on_inbox = hook;
+    }
+
+    /// Clears the hook if it is still `hook` (a newer one set since stays).
+    #[cfg(any(feature = "tokio", test))]
+    pub(crate) fn clear_on_inbox(&mut self, hook: &InboxHook) {
+        if self
+            .on_inbox
+            .as_ref()
+            .is_some_and(|h| std::sync::Arc::ptr_eq(h, hook))
+        {
+            self.on_inbox = None;
+        }
+    }
+
     /// Moves every CQE waiting in the CQ (and what overflowed) into its owner's inbox, as a reap
     /// by an owner with none of them would, and appends to `woken` each owner whose inbox got
     /// CQEs since this call last looked and still holds some: whether this call or another
@@ -719,6 +748,12 @@ impl Ring {
                 if !o.unsaid {
                     o.unsaid = true;
                     self.unsaid.push(who);
+                    // `route` itself names the owners it routed for before it returns.
+                    if reaper != NOBODY {
+                        if let Some(hook) = &self.on_inbox {
+                            hook();
+                        }
+                    }
                 }
                 o.inbox.push(cqe);
             }
@@ -1033,6 +1068,71 @@ mod tests {
         assert_eq!(ring.take_departed().len(), 1);
         assert!(!woken.contains(&idle));
         assert_eq!(ring.in_flight(), 0);
+    }
+
+    /// A reap that moves CQEs into another owner's inbox calls the inbox hook, once until
+    /// `route` looks; `route`'s own moves do not (it names those owners itself); a cleared hook,
+    /// or one replaced since, is not called.
+    #[test]
+    fn a_reap_for_another_owner_calls_the_inbox_hook() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let (tx, _rx) = udp_pair();
+        let mut ring = Ring::new(8, 4, 4).unwrap();
+        let (a, b) = (ring.join(None).unwrap(), ring.join(None).unwrap());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counter = calls.clone();
+        let hook: InboxHook = Arc::new(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        ring.on_inbox(Some(hook.clone()));
+        let mut woken = Vec::new();
+        let send = |ring: &mut Ring, owner, byte| {
+            assert!(ring.push(owner, 0, copy_op(&tx, byte, &drops)).is_ok());
+            ring.submit().unwrap();
+            wait_cqe(ring);
+        };
+        send(&mut ring, b, 1);
+        assert!(reap_all(&mut ring, a).is_empty());
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            1,
+            "b's CQE moved by a's reap"
+        );
+        send(&mut ring, b, 2);
+        assert!(reap_all(&mut ring, a).is_empty());
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            1,
+            "b not yet named: told once"
+        );
+        ring.route(&mut woken);
+        assert_eq!(woken, [b]);
+        assert_eq!(reap_all(&mut ring, b).len(), 2);
+        send(&mut ring, b, 3);
+        ring.route(&mut woken);
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            1,
+            "route names what it moves itself"
+        );
+        assert_eq!(reap_all(&mut ring, b).len(), 1);
+        // A hook replaced since is not cleared by its predecessor's owner.
+        let other: InboxHook = Arc::new(|| {});
+        ring.clear_on_inbox(&other);
+        send(&mut ring, b, 4);
+        assert!(reap_all(&mut ring, a).is_empty());
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+        ring.clear_on_inbox(&hook);
+        ring.route(&mut woken);
+        assert_eq!(reap_all(&mut ring, b).len(), 1);
+        send(&mut ring, b, 5);
+        assert!(reap_all(&mut ring, a).is_empty());
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            2,
+            "a cleared hook was called"
+        );
+        assert_eq!(reap_all(&mut ring, b).len(), 1);
     }
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
