@@ -1,7 +1,7 @@
 //! Topologies the tests and `zerotx bench` build for themselves, on one machine.
 //!
 //! - Loopback: the kernel copies every zero-copy send delivered to a local socket, and says so.
-//! - The *black hole* (KERNEL.md): inside a fresh network namespace, a veth whose peer is down and
+//! - The *black hole* (docs/kernel.md, "This machine (what a test can rely on)"): inside a fresh network namespace, a veth whose peer is down and
 //!   a static neighbour entry. UDP to [`BlackHole::v4`] or [`BlackHole::v6`] leaves through the
 //!   device, which drops it after the send: true zero-copy completions on one machine, the role
 //!   the `dummy` device plays in the kernel's io_uring benchmarks. Nothing leaves the namespace.

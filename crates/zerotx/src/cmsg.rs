@@ -7,7 +7,8 @@
 //! skip it.
 //!
 //! Unlike most decoders, this one trusts none of the kernel's lengths: every header and payload
-//! length is checked against the slice, and the function is fuzzed (`fuzz/`). It needs no
+//! length is checked against the slice, the function is fuzzed (`fuzz/`), and a property test
+//! (`tests/cmsg_props.rs`) decodes control buffers built independently of it. It needs no
 //! `unsafe`: fields are read with `from_ne_bytes` from an arbitrary byte slice.
 
 use std::mem;

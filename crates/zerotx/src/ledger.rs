@@ -18,7 +18,8 @@
 //! drain the error queue often.
 //!
 //! # Ids no buffer waits for
-//! Some calls leave the caller unsure whether the kernel took an id (KERNEL.md):
+//! Some calls leave the caller unsure whether the kernel took an id (docs/kernel.md,
+//! "MSG_ZEROCOPY (sendmsg + socket error queue)"):
 //! - a UDP `sendmsg(MSG_ZEROCOPY)` that fails after the skb was built (a netfilter drop answers
 //!   `EPERM`, a qdisc drop `ENOBUFS` with `IP_RECVERR`) took an id, and the freed skb posted its
 //!   completion before the call returned; a failure before that took none;

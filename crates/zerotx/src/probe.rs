@@ -349,22 +349,4 @@ mod tests {
         assert_eq!(thp_mode("always madvise never"), None);
         assert_eq!(thp_mode(""), None);
     }
-
-    #[test]
-    fn huge_pages_off_is_advice_and_on_is_not() {
-        let mut r = probe();
-        for (mode, said) in [
-            (Some("never"), true),
-            (Some("madvise"), false),
-            (None, false),
-        ] {
-            r.huge_pages = mode.map(String::from);
-            let advice = advise(&r);
-            assert_eq!(
-                advice.iter().any(|a| a.contains("BufPool::huge")),
-                said,
-                "{mode:?}: {advice:?}"
-            );
-        }
-    }
 }

@@ -116,12 +116,10 @@ fn tcp_loopback_copies_from_the_start() {
 /// completions within a window (plus what was in flight) and copy from then on.
 #[test]
 fn tcp_to_a_local_address_learns_to_copy() {
-    if !util::require(
+    util::require!(
         util::is_root(),
-        "needs root for a private network namespace",
-    ) {
-        return;
-    }
+        "needs root for a private network namespace"
+    );
     zerotx_testbed::in_new_netns(|| {
         let ok = std::process::Command::new("ip")
             .args(["addr", "add", "192.0.2.77/32", "dev", "lo"])

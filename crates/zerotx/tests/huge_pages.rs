@@ -52,12 +52,11 @@ struct Thp {
 
 impl Thp {
     fn set(mode: &str) -> Option<Self> {
-        if !require(
+        util::require!(
             is_root(),
-            &format!("needs root to set transparent huge pages to `{mode}`"),
-        ) {
-            return None;
-        }
+            else None;
+            "needs root to set transparent huge pages to `{mode}`"
+        );
         let one = MODE.lock().unwrap_or_else(|e| e.into_inner());
         let Some(old) = mode_of(THP) else {
             require(false, &format!("no transparent huge pages ({THP})"));

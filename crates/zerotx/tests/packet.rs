@@ -109,8 +109,9 @@ fn a_bound_packet_socket_sends_on_every_engine_that_copies() {
                 Err(Error::Unsupported { .. })
                     if matches!(engine, EngineKind::MsgZerocopy | EngineKind::UringZc) =>
                 {
-                    // This kernel refuses SO_ZEROCOPY on packet sockets (KERNEL.md); io_uring's
-                    // zero-copy sends may be refused too.
+                    // This kernel refuses SO_ZEROCOPY on packet sockets (docs/kernel.md,
+                    // "MSG_ZEROCOPY (sendmsg + socket error queue)"); io_uring's zero-copy
+                    // sends may be refused too.
                     continue;
                 }
                 Err(e) => panic!("{engine}: a bound packet socket was refused: {e}"),

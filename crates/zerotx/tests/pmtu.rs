@@ -1,7 +1,7 @@
 //! Zero-copy datagrams and the path MTU, on a real veth pair between two network namespaces with
 //! a real tbf qdisc: a datagram the kernel would fragment must never go zero-copy, because a
 //! qdisc that drops a later fragment fails the call while an earlier fragment still holds the
-//! id's pages (KERNEL.md, "UDP and the path MTU"). A receiver in the peer namespace checks every
+//! id's pages (docs/kernel.md, "UDP and the path MTU"). A receiver in the peer namespace checks every
 //! byte of every datagram, and the sender overwrites each buffer the instant it comes back, so a
 //! buffer released while its packet still waits in the qdisc shows up on the wire.
 

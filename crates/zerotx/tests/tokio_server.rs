@@ -78,12 +78,10 @@ fn zerotx_modes() -> [Mode; 4] {
 #[test]
 fn curl_fetches_intact_objects_in_parallel() {
     let _serial = serial();
-    if !util::require(
+    util::require!(
         Command::new("curl").arg("--version").output().is_ok(),
-        "curl is not installed (apt-get install curl)",
-    ) {
-        return;
-    }
+        "curl is not installed (apt-get install curl)"
+    );
     const MAX: usize = 8 << 20;
     let object = server::make_object(MAX);
     let sizes = [1usize, 1000, 4096, 65543, 1 << 20, (3 << 20) + 5, MAX];

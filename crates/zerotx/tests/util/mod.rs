@@ -18,17 +18,34 @@ pub fn engines() -> &'static [EngineKind] {
 #[allow(unused_imports)] // each test file uses its own part
 pub use zerotx_testbed::{is_root, require, strict};
 
+/// Returns from the calling test when `ok` is false, after saying why it skips: the message is
+/// `format!`'s arguments. Under `ZEROTX_STRICT=1` it fails the test instead (see [`require`]).
+/// `require!(ok, else value; "why")` returns `value` from a function that returns one.
+macro_rules! require_or_return {
+    ($ok:expr, else $ret:expr; $($why:tt)+) => {
+        if !$crate::util::require($ok, &format!($($why)+)) {
+            return $ret;
+        }
+    };
+    ($ok:expr, $($why:tt)+) => {
+        if !$crate::util::require($ok, &format!($($why)+)) {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)] // each test file uses its own part
+pub(crate) use require_or_return as require;
+
 /// Runs `f` inside a fresh network namespace with the black hole built, or skips.
 pub fn in_black_hole<T: Send>(
     mtu: u32,
     f: impl FnOnce(zerotx_testbed::BlackHole) -> T + Send,
 ) -> Option<T> {
-    if !require(
+    require_or_return!(
         is_root(),
-        "needs root to create a network namespace for the black hole",
-    ) {
-        return None;
-    }
+        else None;
+        "needs root to create a network namespace for the black hole"
+    );
     let res = zerotx_testbed::in_new_netns(|| {
         let bh = zerotx_testbed::black_hole(mtu).expect("building the black hole");
         f(bh)
@@ -52,6 +69,69 @@ pub fn stalled_peer() -> (TcpStream, TcpStream) {
         .set_recv_buffer_size(32 << 10)
         .unwrap();
     (client, server)
+}
+
+/// A mebibyte, for sizes in bytes.
+pub const MIB: u64 = 1 << 20;
+
+/// A UDP socket of `dest`'s family, connected to it.
+pub fn connected_udp(dest: std::net::SocketAddr) -> std::net::UdpSocket {
+    let any = if dest.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let sock = std::net::UdpSocket::bind(any).unwrap();
+    sock.connect(dest).unwrap();
+    sock
+}
+
+/// Sends `total` bytes of the stream pattern from pooled buffers, overwriting each buffer the
+/// moment it comes back. With `register`, the pool is registered with the sender first.
+pub fn pooled_stream(
+    tx: &mut Sender<zerotx::PooledBuf>,
+    total: u64,
+    block: usize,
+    count: usize,
+    register: bool,
+) {
+    let pool = zerotx::BufPool::new(block, count).unwrap();
+    if register {
+        tx.register_pool(&pool).unwrap();
+    }
+    let mut free: Vec<_> = (0..count).map(|_| pool.take().unwrap()).collect();
+    let mut out = Vec::new();
+    let recycle = |out: &mut Vec<zerotx::Released<zerotx::PooledBuf>>,
+                   free: &mut Vec<zerotx::PoolBufMut>| {
+        for r in out.drain(..) {
+            assert!(r.report.error.is_none(), "{:?}", r.report.error);
+            assert_eq!(r.report.bytes, r.buf.len());
+            let mut m = r.buf.into_mut();
+            m.fill(0xEE); // scribble: an early release would put this on the wire
+            free.push(m);
+        }
+    };
+    let mut offset = 0u64;
+    while offset < total {
+        let Some(mut b) = free.pop() else {
+            let n = tx
+                .wait_released(&mut out, Some(Duration::from_secs(30)))
+                .unwrap();
+            assert!(n > 0, "no buffer released within 30 s");
+            recycle(&mut out, &mut free);
+            continue;
+        };
+        let len = block.min((total - offset) as usize);
+        fill(&mut b[..len], offset);
+        tx.send(b.freeze(len)).unwrap();
+        offset += len as u64;
+        tx.reap(&mut out).unwrap();
+        recycle(&mut out, &mut free);
+    }
+    tx.flush(Duration::from_secs(30)).unwrap();
+    tx.reap(&mut out).unwrap();
+    recycle(&mut out, &mut free);
+    assert_eq!(free.len(), count, "every pooled buffer came back");
 }
 
 pub fn localhost(v6: bool) -> IpAddr {
