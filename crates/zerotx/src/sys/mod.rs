@@ -185,13 +185,10 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// either.
 ///
 /// Entered through rustix's raw system call (an inline `syscall` instruction, inlined with
-/// [`retry`] into the engine's send loop), not glibc's `sendto`. On the AMD EPYC VMs this was
-/// measured on (SRSO mitigation "Safe RET", retpolines, RSB filling), a function return into a
-/// frame older than the system call is very costly: a 1400-byte UDP `sendto` took 0.5-0.8 us more
-/// per call when a function returned after it than when the loop made it inline
-/// (`benches/syscall-return.c`), and the bench's `MSG_ZEROCOPY` loop at 65000 B made 12-22% more
-/// sends per second inline than through glibc's `send` (benches/compare-raw-results.md). glibc's
-/// wrapper is also a cancellation point, which a non-blocking send has no use for.
+/// [`retry`] into the engine's send loop), not glibc's `sendto`: the rule that a per-send system
+/// call stays inline in the loop that makes it, and why (docs/fast-path.md, "Inline system
+/// calls"). glibc's wrapper is also a cancellation point, which a non-blocking send has no use
+/// for.
 ///
 /// So sends do not go through the `sendto` symbol: a library preloaded to intercept it (Onload,
 /// VMA, socket_wrapper) does not see them, and `pthread_cancel` does not act on them.
@@ -215,7 +212,7 @@ pub fn send_to(
 }
 
 /// How many entries [`refill_return_stack`] leaves: the return stack buffer's depth on the CPUs
-/// this was measured on (32), so every return up a caller's stack of that depth finds one.
+/// the project runs on (32), so every return up a caller's stack of that depth finds one.
 #[cfg(target_arch = "x86_64")]
 pub const RETURN_STACK_FILL: usize = 32;
 
@@ -224,7 +221,8 @@ pub const RETURN_STACK_FILL: usize = 32;
 const SRSO_STATUS: &str = "/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow";
 
 /// Whether [`refill_return_stack`] fills, from the kernel's SRSO status (`status`): where it
-/// mitigates with "Safe RET", the only mitigation this was measured under.
+/// mitigates with "Safe RET", the only mitigation the fill is known to pay under
+/// (docs/fast-path.md, "The return-stack fill").
 #[cfg(target_arch = "x86_64")]
 fn fill_pays(status: &str) -> bool {
     status.contains("Safe RET")
@@ -243,14 +241,12 @@ fn fill_pays_here() -> bool {
 /// system call then mispredicts, cheaply, to a trap here, instead of to whatever the kernel left
 /// there.
 ///
-/// On AMD VMs with the kernel's SRSO "Safe RET" mitigation (`spec_rstack_overflow`; every machine
-/// this project ran on) the first return that finds a stale entry costs 0.5-0.8 us after a
-/// 1400-byte UDP `sendto` (`benches/syscall-return.c`), about a third of a small send: a library
-/// pays it each time a call of its that entered the kernel returns, and a raw loop with the call
-/// inline never does. Filled, those returns cost nothing measurable (same file), as long as there
-/// are no more of them than entries; the fill itself costs about 18 ns. So it fills only where
-/// the kernel reports that mitigation ([`fill_pays`], read once): elsewhere it could turn returns
-/// that would have been predicted into mispredicted ones, for nothing measured.
+/// A return that finds a stale entry after a system call costs far more than the fill on CPUs
+/// under the kernel's SRSO "Safe RET" mitigation; filled, as many returns as entries cost nothing.
+/// So it fills only where the kernel reports that mitigation ([`fill_pays`], read once), and
+/// a library call that entered the kernel fills once before it returns: through [`fenced!`],
+/// never by hand (the rule, its cost and its benchmark: docs/fast-path.md, "The return-stack
+/// fill").
 ///
 /// Skipped under a user shadow stack (CET: `rdsspq` gives its pointer; on a CPU or a process
 /// without one it is a no-op, and the register keeps the 0 the block put there), which would
@@ -262,6 +258,33 @@ pub fn refill_return_stack() {
         fill_return_stack();
     }
 }
+
+/// Runs a system call and then fills the return stack ([`refill_return_stack`]): the one idiom
+/// for a library call's last entry into the kernel before it returns to its caller. A macro, not
+/// a function, so that the call and the fill both sit in the caller's frame, as inline as the call
+/// was: a function would put a return into an older frame between the two, the very return the
+/// fill is there to make cheap. The expression's value is the macro's.
+///
+/// ```ignore
+/// let result = sys::fenced!(sys::send_gather(fd, &slices));
+/// ```
+///
+/// Where it goes: after the last system call of an engine's `try_send`/`try_send_batch`/progress
+/// path, before the returns up to the caller's loop; not inside a loop of calls (one fill after
+/// the loop is enough), and not after calls whose caller returns at once anyway to another
+/// fenced call (docs/fast-path.md, "The return-stack fill").
+// The engines still call `refill_return_stack` by hand; they move onto this one by one, and the
+// allowance goes with the last of them.
+#[cfg_attr(not(test), allow(unused_macros))]
+macro_rules! fenced {
+    ($call:expr) => {{
+        let value = $call;
+        $crate::sys::refill_return_stack();
+        value
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use fenced;
 
 /// The fill of [`refill_return_stack`], wherever it runs.
 #[cfg(target_arch = "x86_64")]
@@ -297,9 +320,8 @@ fn fill_return_stack() {
 pub const GATHER_MAX: usize = 32;
 
 /// How many bytes the engines hand [`send_gather`] per call, at most. Gathering pays for small
-/// buffers, whose per-call cost it shares; at 1 MiB buffers a gathered write of many MiB measured
-/// 0.92-0.95x a call per buffer over TCP loopback (the kernel takes a few MiB and the sender waits
-/// for room with most of the batch still pending).
+/// buffers, whose per-call cost it shares; a write far larger than the socket takes at once only
+/// leaves most of the batch waiting (docs/fast-path.md, "Gathered writes").
 pub const GATHER_BYTES: usize = 1 << 20;
 
 /// `sendmsg(2)` of several buffers as one write on a connected stream socket (`MSG_DONTWAIT`,
@@ -582,6 +604,24 @@ mod tests {
             fill_return_stack();
             assert_eq!(stack_probe(), before, "the stack pointer moved");
         }
+    }
+
+    /// The idiom gives back the call's value, whatever it is, and leaves the stack where it was.
+    #[test]
+    fn fenced_gives_the_call_its_value_and_leaves_the_stack_as_it_was() {
+        let before = stack_probe_any();
+        let release = fenced!(kernel_release()).expect("uname(2) answers");
+        assert!(!release.is_empty());
+        let refused = fenced!(dup_raw(-1)).expect_err("-1 is no descriptor");
+        assert_eq!(refused.raw_os_error(), Some(libc::EBADF));
+        assert_eq!(stack_probe_any(), before, "the stack pointer moved");
+    }
+
+    /// [`stack_probe`] on every architecture.
+    #[inline(never)]
+    fn stack_probe_any() -> usize {
+        let probe = 0u8;
+        std::hint::black_box(std::ptr::addr_of!(probe)) as usize
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -19,8 +19,9 @@
 //!    starts from the measured default and moves by halves and doubles: now and then the sends
 //!    near it (from half to twice the threshold) are sent zero-copy for one epoch of [`EPOCH`]
 //!    sends and by copy for the next, [`PAIRS`] pairs in a row, and the sender thread's CPU time
-//!    per byte of each arm is compared (the engine reads `CLOCK_THREAD_CPUTIME_ID` once per
-//!    epoch, never per send). Zero-copy cheaper by more than [`MARGIN`]: the threshold halves;
+//!    per byte of each arm is compared (the engine reads `CLOCK_THREAD_CPUTIME_ID` at the end of
+//!    an experiment's epochs and of the epoch before one, never per send and never while no
+//!    experiment can use the reading). Zero-copy cheaper by more than [`MARGIN`]: the threshold halves;
 //!    dearer: it doubles; then [`IDLE_EPOCHS`] epochs without experiments.
 //! 5. **Copied window.** Every released zero-copy send says whether the kernel copied it after all
 //!    (loopback, a local container, a device without scatter-gather). When at least three in four
@@ -134,10 +135,9 @@ pub(crate) enum Family {
 }
 
 impl Thresholds {
-    /// The defaults, measured with `zerotx bench` where this machine can show them (UDP into the
-    /// black hole, 6.18: `uring-zc` ties `uring` at 1472 B and wins from 4 KiB; from registered
-    /// memory it wins at 1472 B already; `msg-zc` ties `copy` at 1472 B and wins from 4 KiB).
-    /// Streams use the kernel documentation's figure for `MSG_ZEROCOPY` ("generally only
+    /// The defaults: datagrams from where zero-copy starts to pay into the black hole (from
+    /// registered memory, from the smallest size; benches/HISTORY.md, "`auto`'s thresholds");
+    /// streams from the kernel documentation's figure for `MSG_ZEROCOPY` ("generally only
     /// effective at writes over around 10 KB"): a TCP zero-copy send through a real device cannot
     /// be measured on one machine, where local delivery always copies.
     pub(crate) fn new(family: Family, byte_stream: bool) -> Self {
@@ -280,6 +280,9 @@ impl AutoPolicy {
     /// ring) with `load` in flight zero-copy.
     #[inline]
     pub(crate) fn choose(&mut self, len: usize, registered: bool, load: Load) -> Choice {
+        if self.tuner.sends >= EPOCH && !self.clock_wanted() {
+            self.end_idle_epoch();
+        }
         self.tuner.sends += 1;
         self.tuner.bytes += len as u64;
         let threshold = if registered {
@@ -334,7 +337,8 @@ impl AutoPolicy {
 
     /// A zero-copy send of `bufs` buffers (an io_uring byte-stream request carries several) was
     /// released: `copied` is what its completion said (a sample for a coalesced range, see
-    /// KERNEL.md); `probe` as its [`Choice`] said.
+    /// docs/kernel.md, "MSG_ZEROCOPY (sendmsg + socket error queue)"); `probe` as its [`Choice`]
+    /// said.
     #[inline]
     pub(crate) fn observe(&mut self, copied: bool, probe: bool, bufs: u32) {
         if !self.reports_copies {
@@ -376,29 +380,58 @@ impl AutoPolicy {
     }
 
     /// Whether the engine should read the sender thread's CPU clock now and call
-    /// [`on_clock`](Self::on_clock): once per [`EPOCH`] sends.
+    /// [`on_clock`](Self::on_clock): at the end of an epoch of [`EPOCH`] sends, and only of one
+    /// whose reading the tuner uses ([`clock_wanted`](Self::clock_wanted)). Other epochs end in
+    /// [`choose`](Self::choose) without a system call.
     #[inline]
     pub(crate) fn clock_due(&self) -> bool {
-        self.tuner.sends >= EPOCH
+        self.tuner.sends >= EPOCH && self.clock_wanted()
+    }
+
+    /// Whether the epoch ending now needs the CPU clock: an experiment's epoch (its CPU time is
+    /// what the experiment compares), or the idle epoch an experiment starts after (its reading
+    /// is where the first experiment epoch's time starts). Every other reading would be thrown
+    /// away: on a sender whose sends are never near the threshold, that is all of them, and
+    /// each is a system call (`CLOCK_THREAD_CPUTIME_ID` has no vDSO path).
+    fn clock_wanted(&self) -> bool {
+        let t = &self.tuner;
+        t.arm.is_some() || (t.idle <= 1 && self.experiment_may_start())
+    }
+
+    /// Whether an experiment may start at the end of the current epoch: sends near the threshold
+    /// are at least a quarter of it, and zero-copy is on (no copied route, no budget hold).
+    fn experiment_may_start(&self) -> bool {
+        let t = &self.tuner;
+        t.near * 4 >= t.sends && self.mode == Mode::ZeroCopy && self.hold == 0
+    }
+
+    /// Ends an idle epoch whose clock reading nobody would use (see
+    /// [`clock_wanted`](Self::clock_wanted)): one epoch nearer the next experiment.
+    fn end_idle_epoch(&mut self) {
+        let t = &mut self.tuner;
+        debug_assert!(t.arm.is_none(), "an experiment's epoch is always measured");
+        t.idle = t.idle.saturating_sub(1);
+        (t.sends, t.bytes, t.near) = (0, 0, 0);
     }
 
     /// The sender thread's CPU time now (`same_thread`: the same thread as at the last reading;
     /// an epoch across two threads is not measured). Ends an epoch of the tuner.
     pub(crate) fn on_clock(&mut self, cpu_ns: u64, same_thread: bool) {
         let zero_copy_mode = self.mode == Mode::ZeroCopy && self.hold == 0;
+        let may_start = self.experiment_may_start();
         let t = &mut self.tuner;
         let delta = t
             .last_ns
             .filter(|_| same_thread)
             .and_then(|l| cpu_ns.checked_sub(l));
         t.last_ns = Some(cpu_ns);
-        let (sends, bytes, near) = (t.sends, t.bytes, t.near);
+        let bytes = t.bytes;
         (t.sends, t.bytes, t.near) = (0, 0, 0);
         match t.arm {
             None => {
                 t.idle = t.idle.saturating_sub(1);
                 // Experiment only where sends near the threshold happen and zero-copy is on.
-                if t.idle == 0 && near * 4 >= sends && zero_copy_mode {
+                if t.idle == 0 && may_start {
                     t.arm = Some((Arm::ZeroCopy, 0));
                     t.acc = [(0, 0); 2];
                 }
@@ -733,6 +766,48 @@ mod tests {
         }
         assert_eq!(p.tuned(), (0, 4096));
         assert_eq!(p.thresholds().user, 4096);
+    }
+
+    /// Sends `sends` buffers of `len` bytes, reading the clock whenever the policy says so (one
+    /// microsecond of CPU per send), and returns how many readings it asked for.
+    fn clock_readings(p: &mut AutoPolicy, len: usize, sends: usize) -> usize {
+        let mut readings = 0;
+        for i in 0..sends {
+            p.choose(len, false, Load::default());
+            if p.clock_due() {
+                readings += 1;
+                p.on_clock(i as u64 * 1000, true);
+            }
+        }
+        readings
+    }
+
+    #[test]
+    fn the_clock_is_read_only_where_an_experiment_uses_it() {
+        let sends = 100_000;
+        // Far above the threshold, far below it, and on a route that copies: no experiment can
+        // start, so no reading is ever used, and none is asked for.
+        assert_eq!(clock_readings(&mut policy(), 1 << 20, sends), 0);
+        assert_eq!(clock_readings(&mut policy(), 100, sends), 0);
+        let mut copying = policy();
+        copying.start_copying();
+        assert_eq!(clock_readings(&mut copying, 4096, sends), 0);
+        // Near it: experiments run, and each reads the clock once per epoch of its own and once
+        // before it starts; idle epochs between experiments are not read.
+        let mut near = policy();
+        let readings = clock_readings(&mut near, 4096, sends);
+        let epochs = sends / EPOCH as usize;
+        let cycle = (IDLE_EPOCHS + 2 * PAIRS) as usize;
+        let per_cycle = 2 * PAIRS as usize + 1;
+        assert!(readings > 0, "no experiment ran");
+        assert!(
+            readings <= (epochs / cycle + 1) * per_cycle,
+            "{readings} readings in {epochs} epochs"
+        );
+        assert!(
+            readings < epochs / 2,
+            "{readings} readings in {epochs} epochs"
+        );
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub(crate) fn on_budget_refusal(r: Refusal) -> BudgetAction {
 ///
 /// A fragmented zero-copy datagram is never safe: every fragment holds the id's pages, so a qdisc
 /// that drops a later fragment fails the call while an earlier one still waits to be sent, and
-/// its completion comes whenever that fragment is freed (KERNEL.md, "UDP and the path MTU"). The
+/// its completion comes whenever that fragment is freed (docs/kernel.md, "UDP and the path MTU"). The
 /// kernel fragments under `DONT`, `WANT` (the default) and `OMIT` (`ip_sk_ignore_df`,
 /// `ip6_sk_ignore_df`) and refuses under `DO`, `PROBE` and `INTERFACE`; IPv4 and IPv6 number
 /// their modes alike. `WANT` becomes `DO`, which sets DF as `WANT` does on a datagram that fits;
@@ -112,17 +112,15 @@ pub(crate) const FIXED_STREAM_MIN: usize = 64 * 1024;
 /// Whether a buffer of `len` bytes that lies in registered memory goes as its own `SEND_ZC` with
 /// `IORING_RECVSEND_FIXED_BUF`. Datagrams always do. On a byte stream only large buffers: one
 /// request carries one registered buffer, and with one request in flight small ones are faster
-/// batched into a `SENDMSG_ZC` iovec (measured over TCP loopback, one registered buffer per
-/// request against batched: 278 vs 613 MB/s at 1400 bytes, 2655 vs 2097 MB/s at 64 KiB).
+/// batched into a `SENDMSG_ZC` iovec (benches/HISTORY.md, "io_uring stream requests").
 pub(crate) fn fixed_buffer(len: usize, byte_stream: bool) -> bool {
     !byte_stream || len >= FIXED_STREAM_MIN
 }
 
 /// The most bytes one io_uring byte-stream request gathers from queued buffers (one buffer larger
 /// than this still goes whole). Its buffers come back only when the whole request went, so a
-/// larger request holds them longer than the socket needs them: measured over TCP loopback with
-/// 1 MiB sends, `uring` at 0.80-0.86x of `copy` with 32 buffers per request against 1.06-1.13x
-/// with requests capped at 2 MiB (64 KiB sends, 32 per request, unchanged: 2.2x).
+/// larger request holds them longer than the socket needs them (benches/HISTORY.md, "io_uring
+/// stream requests").
 pub(crate) const MAX_STREAM_REQUEST: usize = 2 << 20;
 
 /// Buffers smaller than this, when `auto` copies them on a byte stream with nothing of the stream
@@ -132,10 +130,9 @@ pub(crate) const WRITE_NOW_BELOW: usize = 16 * 1024;
 /// Whether `auto` on io_uring copies a byte stream's front run of buffers, the first `len` bytes
 /// long, with `sendmsg(2)` at once (the `copy` engine's gathered write) rather than a request.
 /// Small sends pay a request's fixed cost per few bytes (io_uring copies in the msghdr and iovec,
-/// allocates, posts a CQE; the engine keeps a record): over TCP loopback `auto` measured 0.88x
-/// `copy` at 1400 B and 0.93x at 4 KiB that way. From 16 KiB the request wins: it waits for room
-/// in the kernel (`MSG_WAITALL`), where a write returns short and the rest needs a request anyway
-/// (measured: 0.78-0.85x `uring` at 64 KiB and 256 KiB with every copy written at once).
+/// allocates, posts a CQE; the engine keeps a record). From 16 KiB the request wins: it waits for
+/// room in the kernel (`MSG_WAITALL`), where a write returns short and the rest needs a request
+/// anyway (docs/fast-path.md; benches/HISTORY.md, "`auto` at small stream sends").
 pub(crate) fn write_now(len: usize) -> bool {
     len < WRITE_NOW_BELOW
 }
