@@ -19,14 +19,14 @@ use std::time::Instant;
 
 use socket2::SockAddr;
 
-use crate::buf::{BufPool, SendBuf};
+use crate::buf::SendBuf;
 use crate::engine::policy;
 use crate::engine::policy::sendmsg::{self as rules, CopyBatch};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_core::{send_copied, SendmsgCore, Wait};
+use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
 use crate::engine::{send_each, send_front, Engine};
-use crate::error::{Error, SendError};
-use crate::report::{Readiness, Released, Stats};
+use crate::error::SendError;
+use crate::report::{Readiness, Released};
 use crate::socket::Socket;
 use crate::sys;
 
@@ -264,10 +264,6 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         Ok(())
     }
 
-    fn held(&self) -> usize {
-        self.core.ledger.held()
-    }
-
     fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness {
         // The caller is about to sleep on POLLERR: read what would wake it for nothing. A copy
         // sender has no completions, so nothing is released here.
@@ -278,19 +274,5 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         self.core.readiness(sock, retry)
     }
 
-    fn stats(&self) -> Stats {
-        self.core.stats()
-    }
-
-    fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {
-        self.core.pool_refused()
-    }
-
-    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize {
-        self.core.shutdown(out)
-    }
-
-    fn give_back(&mut self, sock: &Socket) {
-        self.core.frag.give_back(sock.fd());
-    }
+    answered_by_core!();
 }

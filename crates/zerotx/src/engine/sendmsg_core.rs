@@ -135,6 +135,16 @@ impl<B: SendBuf> SendmsgCore<B> {
         ids
     }
 
+    /// [`Engine::progress`](crate::engine::Engine::progress)'s read of a zero-copy engine's
+    /// completions: a send that waits for completions when none can come any more waits for
+    /// room instead.
+    pub(crate) fn reap_completions(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
+        self.reap(sock, out);
+        if self.waiting == Wait::Completions && self.ledger.ids_in_flight() == 0 {
+            self.waiting = Wait::Writable;
+        }
+    }
+
     /// No more sends for `slot`: release it now if no id is pending.
     pub(crate) fn seal(&mut self, slot: SlotId, out: &mut Vec<Released<B>>) {
         let (settle, stats) = (&mut self.settle, &mut self.stats);
@@ -410,3 +420,37 @@ fn copy_call(
     stats.bytes += n as u64;
     Ok(n)
 }
+
+/// The [`Engine`](crate::engine::Engine) methods a `sendmsg(2)` engine answers from its
+/// [`SendmsgCore`] (a field `core`) alone, written once for every engine type.
+macro_rules! answered_by_core {
+    () => {
+        fn held(&self) -> usize {
+            self.core.ledger.held()
+        }
+
+        fn stats(&self) -> $crate::report::Stats {
+            self.core.stats()
+        }
+
+        fn auto_policy(&self) -> Option<&$crate::engine::policy::auto::AutoPolicy> {
+            self.core.settle.auto.as_ref()
+        }
+
+        fn register_pool(
+            &mut self,
+            _pool: &$crate::buf::BufPool,
+        ) -> Result<(), $crate::error::Error> {
+            self.core.pool_refused()
+        }
+
+        fn shutdown(&mut self, out: &mut Vec<$crate::report::Released<B>>) -> usize {
+            self.core.shutdown(out)
+        }
+
+        fn give_back(&mut self, sock: &$crate::socket::Socket) {
+            self.core.frag.give_back(sock.fd());
+        }
+    };
+}
+pub(crate) use answered_by_core;

@@ -11,16 +11,16 @@ use std::time::Instant;
 
 use socket2::SockAddr;
 
-use crate::buf::{BufPool, SendBuf};
+use crate::buf::SendBuf;
 use crate::engine::auto::EpochClock;
 use crate::engine::msg_zc::common;
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::policy::sendmsg::IdRule;
 use crate::engine::record::Record;
-use crate::engine::sendmsg_core::{SendmsgCore, Wait};
+use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore, Wait};
 use crate::engine::{send_each, send_front, Engine};
-use crate::error::{Error, SendError};
-use crate::report::{Readiness, Released, Stats};
+use crate::error::SendError;
+use crate::report::{Readiness, Released};
 use crate::socket::Socket;
 use crate::sys;
 
@@ -207,38 +207,13 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        self.core.reap(sock, out);
-        if self.core.waiting == Wait::Completions && self.core.ledger.ids_in_flight() == 0 {
-            self.core.waiting = Wait::Writable;
-        }
+        self.core.reap_completions(sock, out);
         Ok(())
-    }
-
-    fn held(&self) -> usize {
-        self.core.ledger.held()
     }
 
     fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness {
         self.core.readiness(sock, retry)
     }
 
-    fn stats(&self) -> Stats {
-        self.core.stats()
-    }
-
-    fn auto_policy(&self) -> Option<&AutoPolicy> {
-        self.core.settle.auto.as_ref()
-    }
-
-    fn register_pool(&mut self, _pool: &BufPool) -> Result<(), Error> {
-        self.core.pool_refused()
-    }
-
-    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize {
-        self.core.shutdown(out)
-    }
-
-    fn give_back(&mut self, sock: &Socket) {
-        self.core.frag.give_back(sock.fd());
-    }
+    answered_by_core!();
 }
