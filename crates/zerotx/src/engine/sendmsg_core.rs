@@ -28,11 +28,15 @@ use crate::ledger::{Done, Ledger, SlotId};
 use crate::report::{CopyReason, Readiness, Released, Stats};
 use crate::socket::Socket;
 
-/// What a send that did not finish waits for.
+/// What a send that did not finish waits for ([`Engine::readiness`](crate::engine::Engine::readiness)
+/// turns it into poll events).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
+    /// Nothing: the last send went whole.
     Nothing,
+    /// Room in the socket (`POLLOUT`).
     Writable,
+    /// Completions of this sender's zero-copy sends, which free budget (`POLLERR`).
     Completions,
 }
 
