@@ -13,7 +13,7 @@ use socket2::SockAddr;
 use crate::addr::{Destination, VsockAddr};
 use crate::buf::BufPool;
 use crate::buf::SendBuf;
-use crate::engine::sendmsg::SendmsgEngine;
+use crate::engine::sendmsg;
 use crate::engine::uring::UringEngine;
 use crate::engine::{AtCap, Engine, EngineKind, UringConfig, UringShared, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
@@ -245,14 +245,14 @@ impl<B: SendBuf> Sender<B> {
                 (built.engine, built.path, built.notes)
             }
             EngineKind::Copy => (
-                Box::new(SendmsgEngine::new(&sock, false, 0)),
+                sendmsg::build(&sock, false, 0, None),
                 "sendmsg",
                 vec!["the copy engine was asked for".into()],
             ),
             EngineKind::MsgZerocopy => {
                 let first_id = sock.enable_zerocopy(cfg.zerocopy_first_id)?;
                 (
-                    Box::new(SendmsgEngine::new(&sock, true, first_id)),
+                    sendmsg::build(&sock, true, first_id, None),
                     "sendmsg",
                     vec!["the msg-zc engine was asked for: every send asks for zero-copy".into()],
                 )

@@ -20,7 +20,7 @@
 //! Every choice and the reason for it is kept for [`Explanation`](crate::Explanation).
 
 use super::policy::auto::{AutoPolicy, Caps, Family, Thresholds};
-use super::sendmsg::SendmsgEngine;
+use super::sendmsg;
 use super::uring::UringEngine;
 use super::Engine;
 use crate::buf::SendBuf;
@@ -176,12 +176,7 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
             notes.push("sendmsg(2) with MSG_ZEROCOPY where it pays".into());
             local_start(sock, &mut policy, &mut notes);
             Ok(Built {
-                engine: Box::new(SendmsgEngine::with_policy(
-                    sock,
-                    true,
-                    first_id,
-                    Some(policy),
-                )),
+                engine: sendmsg::build(sock, true, first_id, Some(policy)),
                 path: "sendmsg",
                 notes,
             })
@@ -189,7 +184,7 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
         Err(e) => {
             notes.push(format!("no zero-copy on this socket: {e}"));
             Ok(Built {
-                engine: Box::new(SendmsgEngine::new(sock, false, 0)),
+                engine: sendmsg::build(sock, false, 0, None),
                 path: "sendmsg (copy only)",
                 notes,
             })

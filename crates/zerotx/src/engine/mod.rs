@@ -10,15 +10,19 @@
 //! - [`EngineKind::UringZc`]: `IORING_OP_SENDMSG_ZC` / `IORING_OP_SEND_ZC` (6.1), from registered
 //!   buffers when the sender has a registered [`BufPool`](crate::BufPool).
 //!
-//! The first two are `sendmsg(2)` and differ only in the flag and in waiting for completions, so they share
-//! one implementation ([`sendmsg::SendmsgEngine`]); the trait is shaped for asynchronous engines
+//! The first two are `sendmsg(2)`: one type per engine and socket shape, built by
+//! [`sendmsg::build`]; the trait is shaped for asynchronous engines
 //! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
 pub(crate) mod auto;
+pub(crate) mod copy;
+pub(crate) mod errqueue;
+pub(crate) mod msg_zc;
 pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
+pub(crate) mod sendmsg_core;
 pub(crate) mod shared;
 pub(crate) mod unfragmented;
 pub(crate) mod uring;

@@ -5,7 +5,7 @@
 //! safe: every fragment holds the id's pages, so a qdisc that drops a later fragment fails the
 //! call (`ENOBUFS` with `IP_RECVERR`) while an earlier one still waits to be sent, and the id's
 //! completion comes whenever that fragment is freed (31 s after, when the peer's reassembly timed
-//! out: KERNEL.md, "UDP and the path MTU"). No MTU asked in advance can tell which datagrams the
+//! out: docs/kernel.md, "UDP and the path MTU"). No MTU asked in advance can tell which datagrams the
 //! kernel will fragment: the path MTU drops, IP options and IPv6 extension headers lengthen the
 //! header, `SO_BINDTODEVICE`, `SO_MARK` and policy routing pick another route.
 //!

@@ -17,6 +17,7 @@
 //!   kernel reports.
 
 pub(crate) mod auto;
+pub(crate) mod sendmsg;
 
 use crate::report::{CopyReason, SendPath};
 

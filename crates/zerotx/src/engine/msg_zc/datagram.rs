@@ -1,0 +1,219 @@
+//! `msg-zc` on datagram sockets (UDP: docs/kernel.md lists the datagram sockets that take
+//! `SO_ZEROCOPY`): one `send(MSG_ZEROCOPY)` per datagram, each held in the ledger under the one
+//! id its call took until that id completes. A failed call may have taken an id
+//! ([`IdRule::Datagram`]), and a datagram too large for its path goes by copy
+//! ([`Unfragmented`](crate::engine::unfragmented::Unfragmented)); a datagram goes whole or not at
+//! all, so there is no head and no broken stream.
+
+use std::collections::VecDeque;
+use std::io;
+use std::time::Instant;
+
+use socket2::SockAddr;
+
+use crate::buf::SendBuf;
+use crate::engine::auto::EpochClock;
+use crate::engine::msg_zc::common;
+use crate::engine::policy::auto::AutoPolicy;
+use crate::engine::policy::sendmsg::IdRule;
+use crate::engine::record::Record;
+use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore, Wait};
+use crate::engine::{send_each, send_front, Engine};
+use crate::error::SendError;
+use crate::report::{Readiness, Released};
+use crate::socket::Socket;
+use crate::sys;
+
+const RULE: IdRule = IdRule::Datagram;
+
+/// `msg-zc` on datagrams. Invariant: no head, never broken; every record holds its buffer until
+/// the one id its call took completed (or, sent by copy, until its call returned).
+pub(crate) struct MsgZcDatagram<B> {
+    core: SendmsgCore<B>,
+    clock: EpochClock,
+}
+
+impl<B: SendBuf> MsgZcDatagram<B> {
+    /// `SO_ZEROCOPY` was accepted on `sock`, whose next zero-copy id is `first_id`; `auto`
+    /// chooses per send when given.
+    pub(crate) fn new(sock: &Socket, first_id: u32, auto: Option<AutoPolicy>) -> Self {
+        Self {
+            core: SendmsgCore::new(sock, true, first_id, auto, true),
+            clock: EpochClock::default(),
+        }
+    }
+
+    #[inline]
+    fn send_one(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        debug_assert!(self.core.head.is_none() && self.core.broken.is_none());
+        let core = &mut self.core;
+        common::send_one(core, &mut self.clock, RULE, sock, buf, dest, out)
+    }
+
+    /// A batch without `auto`: one `send(MSG_ZEROCOPY)` per buffer, the record made after the
+    /// call, the datagram whole. The call that succeeds is the whole loop; a full socket hands
+    /// the buffer back as [`send_one`](Self::send_one) would. The rest goes the general way
+    /// with the same rules ([`send_each`]'s): an empty buffer and a datagram the path would
+    /// fragment through `send_one`, a failed call through
+    /// [`refused`](Self::refused). A loop of its own: the general one's moves cost a measurable
+    /// part of a large datagram's send (docs/fast-path.md).
+    ///
+    /// Nothing asks the buffer for its bytes after the call: a panicking `as_bytes` there would
+    /// leave the id the call took unrecorded, and the next buffer would be released on that id's
+    /// completion.
+    #[inline(always)]
+    fn send_plain(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        let fd = sock.fd();
+        let mut taken = 0;
+        loop {
+            let Some(buf) = bufs.pop_front() else {
+                return Ok(taken);
+            };
+            let data = buf.as_bytes();
+            let len = data.len();
+            if len == 0 || !self.core.frag.may_zerocopy(len, None) {
+                bufs.push_front(buf);
+                if !send_front(bufs, |buf| self.send_one(sock, buf, None, out))? {
+                    return Ok(taken);
+                }
+                taken += 1;
+                continue;
+            }
+            let started = self.core.latency.next();
+            self.core.stats.syscalls += 1;
+            match sys::send_to(fd, data, None, sys::MSG_ZEROCOPY) {
+                Ok(n) => self.sent_whole(buf, len, n, started, out),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // No id taken, nothing sent: back to the front, as `copy`'s loop does.
+                    return self.core.datagram_refused(buf, Some(e), taken, bufs);
+                }
+                Err(e) => {
+                    if !self.refused(sock, buf, len, started, e, bufs, out)? {
+                        return Ok(taken);
+                    }
+                }
+            }
+            taken += 1;
+        }
+    }
+
+    /// [`send_plain`](Self::send_plain)'s call took `buf` (`len` bytes; `n` counted) whole under
+    /// the one id it took: held until that id completes.
+    #[inline]
+    fn sent_whole(
+        &mut self,
+        buf: B,
+        len: usize,
+        n: usize,
+        started: Option<Instant>,
+        out: &mut Vec<Released<B>>,
+    ) {
+        let core = &mut self.core;
+        core.stats.bytes += n as u64;
+        core.stats.sends += 1;
+        core.stats.zerocopy_ids += 1;
+        core.waiting = Wait::Nothing;
+        match core.ledger.free_item() {
+            Some((free, rec)) => {
+                rec.refill_len(buf, len, None, started);
+                rec.sent = len;
+                core.ledger.insert_refilled_one_id(free);
+            }
+            None => {
+                let mut rec = Record::of_len(buf, len, None::<Box<SockAddr>>, started);
+                rec.sent = len;
+                let slot = core.ledger.insert(rec);
+                core.ledger.record_id(slot);
+                core.seal(slot, out);
+            }
+        }
+    }
+
+    /// [`send_plain`](Self::send_plain)'s call for `buf` (`len` bytes) failed with `e` (not
+    /// `EAGAIN`): from here the buffer goes as [`send_one`](Self::send_one) would take it on, its
+    /// record in the ledger and [`common::refused`]'s answer (learn whether the call took an id;
+    /// on the budget's `ENOBUFS` read completions and retry, copy, or wait). `Ok(true)`:
+    /// accepted; `Ok(false)`: handed back, at the front of `bufs` again; `Err`: it failed.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn refused(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        len: usize,
+        started: Option<Instant>,
+        e: io::Error,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<bool, SendError<B>> {
+        let core = &mut self.core;
+        let slot = core
+            .ledger
+            .insert(Record::of_len(buf, len, None::<Box<SockAddr>>, started));
+        let result = match common::refused(core, RULE, sock, slot, e, out) {
+            Ok(Some(wait)) => Ok(wait),
+            Ok(None) => common::write(core, RULE, sock, slot, out),
+            Err(e) => Err(e),
+        };
+        match common::finish_send(core, slot, result, out) {
+            Ok(()) => Ok(true),
+            Err(SendError::WouldBlock(buf)) => {
+                bufs.push_front(buf);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
+    fn try_send(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        let sent = self.send_one(sock, buf, dest, out);
+        sys::refill_return_stack();
+        sent
+    }
+
+    fn try_send_batch(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        let taken = if self.core.settle.auto.is_none() {
+            self.send_plain(sock, bufs, out)
+        } else {
+            send_each(bufs, |buf| self.send_one(sock, buf, None, out))
+        };
+        sys::refill_return_stack();
+        taken
+    }
+
+    fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
+        self.core.reap_completions(sock, out);
+        Ok(())
+    }
+
+    fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness {
+        self.core.readiness(sock, retry)
+    }
+
+    answered_by_core!();
+}

@@ -1,0 +1,115 @@
+//! `msg-zc` on a stream socket (TCP; vsock, whose calls are capped at one packet): one
+//! `sendmsg(MSG_ZEROCOPY)` per buffer, held in the ledger until every id its calls took
+//! completed. A call that takes part of a buffer leaves the rest as the head, pushed first by
+//! later calls; a failure after part of a buffer went out breaks the stream
+//! ([`SendmsgCore`]).
+
+use std::collections::VecDeque;
+use std::io;
+
+use socket2::SockAddr;
+
+use crate::buf::SendBuf;
+use crate::engine::auto::EpochClock;
+use crate::engine::msg_zc::common;
+use crate::engine::policy::auto::AutoPolicy;
+use crate::engine::policy::sendmsg::{self as rules, IdRule};
+use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore};
+use crate::engine::{send_each, Engine};
+use crate::error::SendError;
+use crate::report::{Readiness, Released};
+use crate::socket::Socket;
+use crate::sys;
+
+/// `msg-zc` on a stream. Invariant: `rule` is [`IdRule::Stream`] or [`IdRule::Vsock`], the
+/// socket's; every record holds its buffer until its ids completed.
+pub(crate) struct MsgZcStream<B> {
+    core: SendmsgCore<B>,
+    rule: IdRule,
+    clock: EpochClock,
+}
+
+impl<B: SendBuf> MsgZcStream<B> {
+    /// `SO_ZEROCOPY` was accepted on `sock`, whose next zero-copy id is `first_id`; `auto`
+    /// chooses per send when given.
+    pub(crate) fn new(sock: &Socket, first_id: u32, auto: Option<AutoPolicy>) -> Self {
+        let rule = rules::id_rule(sock.kind);
+        debug_assert_ne!(rule, IdRule::Datagram);
+        Self {
+            core: SendmsgCore::new(sock, true, first_id, auto, false),
+            rule,
+            clock: EpochClock::default(),
+        }
+    }
+
+    /// [`Engine::try_send`], inlined into [`Engine::try_send_batch`] too: a batch then makes
+    /// no return per buffer into a frame older than its system call (see [`sys::send_to`]).
+    #[inline(always)]
+    fn send_one(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        if self.core.head.is_some() {
+            self.push_head(sock, out);
+            if self.core.head.is_some() {
+                self.core.stats.would_block += 1;
+                return Err(SendError::WouldBlock(buf));
+            }
+        }
+        if let Some(error) = self.core.broken_error() {
+            return Err(SendError::Io { buf, error });
+        }
+        let core = &mut self.core;
+        common::send_one(core, &mut self.clock, self.rule, sock, buf, dest, out)
+    }
+
+    fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
+        let Some(slot) = self.core.head else { return };
+        let written = common::write(&mut self.core, self.rule, sock, slot, out);
+        // Out of line (called from `send_one` and `progress`): its return comes before theirs.
+        sys::refill_return_stack();
+        self.core.head_written(slot, written, out);
+    }
+}
+
+impl<B: SendBuf> Engine<B> for MsgZcStream<B> {
+    fn try_send(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        let sent = self.send_one(sock, buf, dest, out);
+        sys::refill_return_stack();
+        sent
+    }
+
+    fn try_send_batch(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        // One call per buffer: one id per buffer lets each come back as soon as its own pages
+        // are free.
+        let taken = send_each(bufs, |buf| self.send_one(sock, buf, None, out));
+        sys::refill_return_stack();
+        taken
+    }
+
+    fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
+        self.core.reap_completions(sock, out);
+        self.push_head(sock, out);
+        Ok(())
+    }
+
+    fn readiness(&mut self, sock: &Socket, retry: bool) -> Readiness {
+        self.core.readiness(sock, retry)
+    }
+
+    answered_by_core!();
+}
