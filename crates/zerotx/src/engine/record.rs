@@ -15,6 +15,7 @@ use socket2::SockAddr;
 use crate::buf::SendBuf;
 use crate::engine::policy;
 use crate::report::{CopyReason, Released, Report, SendPath, Stats};
+use crate::sys::uring::Payload;
 
 /// One send in flight: see the module docs.
 pub(crate) struct Record<B> {
@@ -149,21 +150,6 @@ impl<B: SendBuf> Record<B> {
         self.total - self.sent
     }
 
-    /// The unsent bytes, buffer by buffer, in order.
-    pub(crate) fn unsent(&self) -> impl Iterator<Item = &[u8]> {
-        let mut skip = self.sent;
-        self.bufs.iter().filter_map(move |b| {
-            let bytes = b.as_bytes();
-            if skip >= bytes.len() {
-                skip -= bytes.len();
-                return None;
-            }
-            let rest = &bytes[skip..];
-            skip = 0;
-            Some(rest)
-        })
-    }
-
     /// Gives every buffer back with its report, counted in `stats`: see
     /// [`release_in_place`](Self::release_in_place).
     pub(crate) fn release(
@@ -258,6 +244,23 @@ impl<B: SendBuf> Record<B> {
         let bytes = buf.as_bytes().len();
         let latency = started.map(|t| t.elapsed());
         give(out, stats, buf, bytes, path, latency, None);
+    }
+}
+
+/// An io_uring send request carries a record: its buffers from `sent` on, to `dest`.
+impl<B: SendBuf> Payload for Record<B> {
+    type Buf = B;
+
+    fn bufs(&self) -> &[B] {
+        &self.bufs
+    }
+
+    fn sent(&self) -> usize {
+        self.sent
+    }
+
+    fn dest(&self) -> Option<&SockAddr> {
+        self.dest.as_deref()
     }
 }
 

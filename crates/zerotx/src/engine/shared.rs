@@ -49,7 +49,9 @@ impl SharedRing {
             batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
             ..cfg
         };
-        let ring = Ring::new(cfg.entries, cfg.batch, senders).map_err(|source| Error::Io {
+        let ring =
+            crate::sys::uring::new_ring(cfg.entries, cfg.batch, senders).map_err(|source| {
+                Error::Io {
             context: match source.raw_os_error() {
                 Some(libc::ENOMEM) => {
                     "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
@@ -58,7 +60,8 @@ impl SharedRing {
                 _ => "io_uring_setup",
             },
             source,
-        })?;
+        }
+            })?;
         Ok(Self {
             cfg,
             ring: Mutex::new(ring),

@@ -160,7 +160,7 @@ struct Req {
 }
 
 /// A request of this engine: a record and the engine's account of it.
-type Op<B> = SendOp<B, Req>;
+type Op<B> = SendOp<Record<B>, Req>;
 
 /// A record due for its next request, in the box that request will use.
 struct Next<B> {
@@ -243,6 +243,24 @@ fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B) -> Option<
     }
     let (r, _) = buf.registered()?;
     (Some(r) == region).then_some(0)
+}
+
+/// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished request's
+/// box, whose record was released) if there is one: the record is refilled in place, not built
+/// and moved in.
+fn op_for<B: SendBuf>(
+    spare: Option<Box<Op<B>>>,
+    buf: B,
+    dest: Option<Box<SockAddr>>,
+    started: Option<Instant>,
+) -> Box<Op<B>> {
+    match spare {
+        Some(mut op) => {
+            op.payload_mut().refill(buf, dest, started);
+            op
+        }
+        None => SendOp::new(Record::new(buf, dest, started)),
+    }
 }
 
 impl<B: SendBuf> UringEngine<B> {
@@ -456,8 +474,8 @@ impl<B: SendBuf> State<B> {
         copy_reason: Option<CopyReason>,
     ) -> io::Result<bool> {
         // The record is made in the box its request will use (a finished request's).
-        let mut op = SendOp::for_buf(self.spare.pop(), first, dest, self.latency.next());
-        let rec = op.record_mut();
+        let mut op = op_for(self.spare.pop(), first, dest, self.latency.next());
+        let rec = op.payload_mut();
         if let Some(probe) = chosen {
             rec.auto_zc = true;
             rec.probe = probe;
@@ -578,8 +596,8 @@ impl<B: SendBuf> State<B> {
                 self.held -= 1;
                 Record::release_whole(buf, path, started, &mut self.stats, out);
             } else {
-                let mut op = SendOp::for_buf(self.spare.pop(), buf, dest, started);
-                let rec = op.record_mut();
+                let mut op = op_for(self.spare.pop(), buf, dest, started);
+                let rec = op.payload_mut();
                 rec.copy = Some(reason);
                 rec.sent = taken;
                 return self.launch(ring, op, false);
@@ -636,7 +654,7 @@ impl<B: SendBuf> State<B> {
         } else {
             None
         };
-        let rec = op.record();
+        let rec = op.payload();
         let fixed = match rec.bufs.as_slice() {
             [one] => fixed_index(region, self.merge, one),
             _ => None,
@@ -646,7 +664,7 @@ impl<B: SendBuf> State<B> {
         // never fit goes by copy at once.
         let zc = want_zc && (fixed.is_some() || self.may_pin(len));
         if want_zc && !zc {
-            op.record_mut().copy_for(CopyReason::Fallback);
+            op.payload_mut().copy_for(CopyReason::Fallback);
         }
         let kind = match (zc, fixed) {
             (true, Some(index)) => SendKind::Fixed {
@@ -815,7 +833,7 @@ impl<B: SendBuf> State<B> {
         }
         // The ring awaits a first CQE before it calls a request finished.
         let (res, then) = req.first.unwrap_or((-libc::EIO, Then::Fail(libc::EIO)));
-        let rec = op.record_mut();
+        let rec = op.payload_mut();
         rec.kernel_copied |= req.copied;
         if res >= 0 {
             rec.sent += res as usize;
@@ -856,7 +874,7 @@ impl<B: SendBuf> State<B> {
                 };
                 if copy || self.pinned == 0 {
                     // `auto` copies for a while rather than wait on the budget.
-                    next.op.record_mut().copy_for(CopyReason::Budget);
+                    next.op.payload_mut().copy_for(CopyReason::Budget);
                     next.zc = false;
                     self.to_push.push_back(next);
                 } else {
@@ -877,7 +895,7 @@ impl<B: SendBuf> State<B> {
                 match policy::on_budget_refusal(refusal) {
                     BudgetAction::Wait => self.deferred.push(next),
                     BudgetAction::Copy | BudgetAction::Retry => {
-                        next.op.record_mut().copy_for(CopyReason::Fallback);
+                        next.op.payload_mut().copy_for(CopyReason::Fallback);
                         next.zc = false;
                         self.to_push.push_back(next);
                     }
@@ -888,12 +906,13 @@ impl<B: SendBuf> State<B> {
 
     /// Gives a record back with its report, and keeps its request's box for the next one.
     fn release(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
-        let rec = op.record();
+        let rec = op.payload();
         self.held -= rec.bufs.len();
         if let (Some(auto), Some((copied, probe))) = (&mut self.auto, rec.outcome()) {
             auto.observe(copied, probe, rec.bufs.len() as u32);
         }
-        op.release(self.zc, &mut self.stats, out);
+        op.payload_mut()
+            .release_in_place(self.zc, &mut self.stats, out);
         if self.spare.len() < self.cfg.entries as usize {
             self.spare.push(op);
         }
@@ -949,7 +968,7 @@ impl<B: SendBuf> State<B> {
             .chain(self.deferred.drain(..))
             .collect();
         for Next { mut op, .. } in waiting {
-            op.record_mut()
+            op.payload_mut()
                 .error
                 .get_or_insert_with(|| io::Error::from_raw_os_error(errno));
             self.release(op, out);

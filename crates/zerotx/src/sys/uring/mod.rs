@@ -21,8 +21,9 @@ mod orphans;
 mod places;
 mod ring;
 
+pub(crate) use op::Payload;
 pub(crate) use op::{SendKind, SendOp};
-pub(crate) use orphans::adopt;
+pub(crate) use orphans::{adopt, new_ring};
 pub(crate) use ring::{
     Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_CQ_ENTRIES, MAX_REGISTERED,
 };

@@ -247,8 +247,6 @@ impl Ring {
     ///
     /// [`submit_if_due`]: Ring::submit_if_due
     pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
-        // A new sender's ring: the time to look at the rings left with requests in flight.
-        super::orphans::collect();
         let cq = Self::cq_size(entries, owners)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
@@ -828,7 +826,7 @@ mod tests {
 
     use super::*;
     use crate::buf::SendBuf;
-    use crate::engine::record::Record;
+    use crate::sys::uring::op::Payload;
     use crate::sys::uring::{SendKind, SendOp};
 
     /// A buffer that counts its drops.
@@ -847,6 +845,23 @@ mod tests {
         }
     }
 
+    /// A request of one whole buffer to the connected peer.
+    impl Payload for Counted {
+        type Buf = Self;
+
+        fn bufs(&self) -> &[Self] {
+            std::slice::from_ref(self)
+        }
+
+        fn sent(&self) -> usize {
+            0
+        }
+
+        fn dest(&self) -> Option<&SockAddr> {
+            None
+        }
+    }
+
     /// A UDP socket connected to itself on 127.0.0.1, and a `SENDMSG_ZC` of 1000 bytes on it.
     fn setup(drops: &Arc<AtomicUsize>) -> Option<(UdpSocket, Box<SendOp<Counted>>)> {
         if !crate::sys::uring::probe().is_ok_and(|p| p.sendmsg_zc) {
@@ -855,12 +870,7 @@ mod tests {
         }
         let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         sock.connect(sock.local_addr().unwrap()).unwrap();
-        let rec = Record::new(
-            Counted(vec![7; 1000], drops.clone()),
-            None::<SockAddr>,
-            None,
-        );
-        let mut op = SendOp::new(rec, None);
+        let mut op = SendOp::new(Counted(vec![7; 1000], drops.clone()));
         op.set(
             sock.as_raw_fd(),
             SendKind::ZeroCopy { zc_flags: 0 },
@@ -924,9 +934,8 @@ mod tests {
         assert!(first.more());
         let op = got.into_iter().find_map(|c| c.op).unwrap();
         assert_eq!(drops.load(Ordering::SeqCst), 0);
-        let (rec, _) = op.take();
-        assert_eq!(rec.bufs[0].0, vec![7; 1000]);
-        drop(rec);
+        assert_eq!(op.payload().0, vec![7; 1000]);
+        drop(op);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
@@ -1037,12 +1046,7 @@ mod tests {
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
     fn copy_op(sock: &UdpSocket, byte: u8, drops: &Arc<AtomicUsize>) -> Box<SendOp<Counted>> {
-        let rec = Record::new(
-            Counted(vec![byte; 100], drops.clone()),
-            None::<SockAddr>,
-            None,
-        );
-        let mut op = SendOp::new(rec, None);
+        let mut op = SendOp::new(Counted(vec![byte; 100], drops.clone()));
         op.set(sock.as_raw_fd(), SendKind::Copy, libc::MSG_NOSIGNAL);
         op
     }
@@ -1132,6 +1136,6 @@ mod tests {
         crate::sys::uring::inject(Default::default());
         assert!(refused.error.is_some());
         assert_eq!(ring.in_flight(), 1);
-        assert_eq!(refused.op.record().bufs[0].0.len(), 1000);
+        assert_eq!(refused.op.payload().0.len(), 1000);
     }
 }
