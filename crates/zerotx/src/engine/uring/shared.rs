@@ -14,7 +14,7 @@ use crate::buf::BufPool;
 use crate::error::Error;
 use crate::sys::uring::{JoinRefused, Ring, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
-use super::uring::UringConfig;
+use super::config::UringConfig;
 
 /// A ring and the settings of every sender on it.
 pub(crate) struct SharedRing {
