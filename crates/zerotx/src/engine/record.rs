@@ -168,8 +168,7 @@ impl<B: SendBuf> Record<B> {
     ///
     /// Inlined into the engines' completion paths for the common case, one buffer that went whole
     /// with no destination to drop; the rest is out of line ([`release_rest`](Self::release_rest)),
-    /// whose batch loop made every call set up a large stack frame (about 80 user-space
-    /// instructions per zero-copy datagram's release, cachegrind).
+    /// so its batch loop's stack frame is not set up per release (docs/fast-path.md).
     #[inline(always)]
     pub(crate) fn release_in_place(
         &mut self,
@@ -286,10 +285,8 @@ fn give<B>(
         },
     };
     // Pushed where the vector has room, so no grow call comes between building the value and
-    // writing it: its fields then go from registers straight into the vector. A plain `push`
-    // built it on the stack first and copied it in with loads wider than the stores that wrote it,
-    // a store-forwarding stall on every release (the largest user-space cost of a copy send in
-    // the profile).
+    // writing it: its fields go from registers straight into the vector, with no copy through
+    // the stack (docs/fast-path.md).
     if out.len() < out.capacity() {
         out.push(released);
     } else {

@@ -212,14 +212,14 @@ impl<B: SendBuf> State<B> {
     /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
     /// pages exceed `RLIMIT_MEMLOCK`, however long one waits.
     fn may_pin(&self, bytes: usize) -> bool {
-        policy::may_pin(sysu::pin_charge(bytes), self.budget.pin_limit)
+        policy::may_pin(sysu::pin_charge(bytes), self.budget.pin_limit())
     }
 
     /// Order, the CQ's room for this sender and the requests waiting to be pushed let a new
     /// request form.
     fn may_issue(&self, ring: &Ring) -> bool {
         self.due.to_push.is_empty()
-            && !(self.shape.ordered() && self.head.busy)
+            && !(self.shape.ordered() && self.head.busy())
             && ring.has_room(self.seat.owner)
     }
 
@@ -245,10 +245,8 @@ impl<B: SendBuf> State<B> {
                 let (first, _) = self.queue.front().expect("queue not empty");
                 let len = first.as_bytes().len();
                 direct = self.shape.merge() && policy::write_now(len);
-                let load = Load {
-                    sends: self.budget.pinning,
-                    bytes: self.budget.pinned,
-                };
+                let (bytes, sends) = self.budget.pinned();
+                let load = Load { sends, bytes };
                 let choice = auto.choose(len, fixed, load);
                 self.clock.tick(auto);
                 match choice {
@@ -315,7 +313,7 @@ impl<B: SendBuf> State<B> {
                 }
                 _ => break,
             };
-            let limit = if zc { self.budget.pin_limit } else { None };
+            let limit = if zc { self.budget.pin_limit() } else { None };
             if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
                 break;
             }
@@ -333,7 +331,7 @@ impl<B: SendBuf> State<B> {
     #[inline]
     fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
         if self.shape.ordered() {
-            self.head.busy = true;
+            self.head.take();
         }
         let next = Next {
             op,
@@ -516,7 +514,7 @@ impl<B: SendBuf> State<B> {
             Ok(()) => {
                 self.in_ring += 1;
                 self.stats.syscalls += 1;
-                self.due.no_place = false;
+                self.due.pushed();
                 Ok(())
             }
             Err(Refused {
@@ -525,8 +523,7 @@ impl<B: SendBuf> State<B> {
                 no_place,
             }) => {
                 // Never queued: the caller keeps the record and pushes it again later.
-                self.due.no_place = no_place;
-                self.due.owed |= !no_place;
+                self.due.refused(no_place);
                 let next = Next {
                     op,
                     zc: want_zc,
@@ -548,15 +545,13 @@ impl<B: SendBuf> State<B> {
         self.reap(ring, out);
         let pushed = self.flush_pushes(ring);
         let issued = self.issue(ring, out);
-        let owed = std::mem::take(&mut self.due.owed);
+        let owed = self.due.take_owed();
         let submitted = if owed {
             ring.submit()
         } else {
             ring.submit_if_due(self.eager())
         };
-        if submitted.is_err() || (!self.due.to_push.is_empty() && !self.due.no_place) {
-            self.due.owed = true;
-        }
+        self.due.settle(submitted.is_err());
         pushed.and(issued).and(submitted)
     }
 
@@ -609,7 +604,7 @@ impl<B: SendBuf> State<B> {
         req.first = Some((res, then));
         match then {
             Then::Budget => self.stats.enobufs += 1,
-            Then::Done if self.shape.ordered() => self.head.busy = false,
+            Then::Done if self.shape.ordered() => self.head.went(),
             // After a failed stream send nothing more may go out.
             Then::Fail(errno) if self.shape.ordered() => self.break_stream(errno, out),
             _ => {}
@@ -621,7 +616,7 @@ impl<B: SendBuf> State<B> {
         let req = op.meta;
         if self.budget.unpin(req.pinned) && !self.closing {
             // Pinned pages came back: retry what the budget refused.
-            self.due.to_push.extend(self.budget.deferred.drain(..));
+            self.due.to_push.extend(self.budget.drain());
         }
         let (res, then) = cqe::at_last(req.first, self.closing);
         let rec = op.payload_mut();
@@ -652,8 +647,8 @@ impl<B: SendBuf> State<B> {
                     auto.at_cap()
                 });
                 let charge = sysu::pin_charge(next.op.payload().left());
-                match cqe::on_budget(at_cap, self.budget.pinned, charge) {
-                    OnBudget::Wait => self.budget.deferred.push(next),
+                match cqe::on_budget(at_cap, self.budget.pinned().0, charge) {
+                    OnBudget::Wait => self.budget.defer(next),
                     OnBudget::Copy(reason) => {
                         next.op.payload_mut().copy_for(reason);
                         next.zc = false;
@@ -681,8 +676,7 @@ impl<B: SendBuf> State<B> {
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued
     /// buffer comes back with the error.
     fn break_stream(&mut self, errno: i32, out: &mut Vec<Released<B>>) {
-        self.head.busy = false;
-        self.head.broken = Some(errno);
+        self.head.break_with(errno);
         while let Some((buf, dest)) = self.queue.pop_front() {
             self.held -= 1;
             let mut rec = Record::new(buf, dest, None);
@@ -726,7 +720,7 @@ impl<B: SendBuf> State<B> {
             .due
             .to_push
             .drain(..)
-            .chain(self.budget.deferred.drain(..))
+            .chain(self.budget.drain())
             .collect();
         for Next { mut op, .. } in waiting {
             op.payload_mut()
@@ -774,7 +768,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         let (mut ring, st) = self.split();
-        if let Some(errno) = st.head.broken {
+        if let Some(errno) = st.head.broken() {
             return Err(SendError::Io {
                 buf,
                 error: io::Error::from_raw_os_error(errno),
@@ -807,7 +801,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         let res = res.and_then(|()| ring.submit_if_due(st.eager()));
         // The buffer is queued either way; the next progress enters again and reports a failure.
         if res.is_err() {
-            st.due.owed = true;
+            st.due.owe();
         }
         Ok(())
     }
@@ -831,7 +825,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             // `send_front` refuses an empty buffer; a broken stream refuses the rest, and a full
             // queue hands the buffer back.
             let queued = send_front(bufs, |buf| {
-                if let Some(errno) = st.head.broken {
+                if let Some(errno) = st.head.broken() {
                     let error = io::Error::from_raw_os_error(errno);
                     return Err(SendError::Io { buf, error });
                 }
@@ -849,7 +843,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                 Ok(false) => {
                     // The queue is full: reap and issue, and take more if that made room.
                     if let Err(error) = st.kick(&mut ring, out) {
-                        st.due.owed = true;
+                        st.due.owe();
                         let buf = bufs.pop_front().expect("handed back");
                         failed = Some(SendError::Io { buf, error });
                         break;
@@ -871,7 +865,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             .and_then(|()| ring.submit_if_due(st.eager()))
             .is_err()
         {
-            st.due.owed = true;
+            st.due.owe();
         }
         match failed {
             Some(e) => Err(e),
@@ -895,11 +889,11 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         let failed = ring.submit().is_err();
         let fd = ring.fd();
         drop(ring);
-        if failed || st.due.owed {
+        if failed || st.due.is_owed() {
             // Something could not be submitted or pushed: the next progress must try again (and
             // report a failure), so the wait must end at once. A ring's fd is writable while its
             // SQ has room, which a failed submit leaves as it was.
-            st.due.owed = true;
+            st.due.owe();
             return Readiness {
                 fd,
                 events: libc::POLLIN | libc::POLLOUT,
@@ -918,12 +912,12 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         // it still in flight (no-op with the SQ empty); buffers waiting in `queue` for room go at
         // the next progress, as after `try_send`. A failure is the next progress's to report.
         if !open && !st.seat.left && ring.submit().is_err() {
-            st.due.owed = true;
+            st.due.owe();
         }
     }
 
     fn wait_slice(&self) -> Option<Duration> {
-        if self.st.due.owed {
+        if self.st.due.is_owed() {
             // Not even a full SQ may make the wait on POLLOUT endless.
             return Some(Duration::ZERO);
         }
@@ -980,9 +974,8 @@ mod tests {
 
     /// `auto` copies small buffers over loopback. With nothing of the stream in the kernel's
     /// hands, a batch of them goes in gathered `sendmsg(2)` calls, released before the call
-    /// returns, not as io_uring requests released only when a later progress reaps their CQEs
-    /// (the request path, before: 0.88x `copy` at 1400 B over TCP loopback). Every byte arrives
-    /// in order.
+    /// returns, not as io_uring requests released only when a later progress reaps their CQEs.
+    /// Every byte arrives in order.
     #[test]
     fn auto_writes_a_batch_of_small_copies_at_once() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -15,7 +15,7 @@
 //! (`IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` for buffers from
 //! a registered [`BufPool`]), both with many requests per `io_uring_enter`. This module decides
 //! order, batching and the budget; the ring, the requests and every pointer the kernel reads are
-//! in [`sys::uring`].
+//! in [`crate::sys::uring`].
 //!
 //! - **Order.** io_uring issues requests independently: two in flight on one connection can
 //!   reorder it when the socket buffer fills (a quarter of a TCP stream's bytes arrived out of order

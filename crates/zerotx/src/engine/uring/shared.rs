@@ -140,9 +140,8 @@ impl SharedRing {
 
 /// The ring a sender sends on: its own, or one shared through a [`UringShared`].
 ///
-/// A sender's own ring is never locked: an uncontended `Mutex` still costs two atomic
-/// read-modify-writes per lock, and the engine takes it per send and per reap (perf, `uring-zc-fixed`
-/// at 16 KiB into the black hole: `try_send` fell from 0.78% to 0.55% of samples without it).
+/// A sender's own ring is never locked: the engine reaches it per send and per reap, and an
+/// uncontended `Mutex` still costs two atomic read-modify-writes per lock (docs/fast-path.md).
 pub(crate) enum RingRef {
     /// The sender's own ring, reached through `&mut` only.
     Own(Box<SharedRing>),

@@ -91,18 +91,49 @@ impl Shape {
 /// every buffer after it comes back with the error. A datagram socket's head stays idle.
 #[derive(Debug, Default)]
 pub(super) struct Head {
-    pub(super) busy: bool,
-    pub(super) broken: Option<i32>,
+    busy: bool,
+    broken: Option<i32>,
+}
+
+impl Head {
+    /// A request of an ordered socket formed: it has the stream until it went whole.
+    pub(super) fn take(&mut self) {
+        self.busy = true;
+    }
+
+    /// The request went whole: the next may form.
+    pub(super) fn went(&mut self) {
+        self.busy = false;
+    }
+
+    /// A send failed with `errno`: the stream ends here.
+    pub(super) fn break_with(&mut self, errno: i32) {
+        self.busy = false;
+        self.broken = Some(errno);
+    }
+
+    /// A request of the stream is out or due.
+    pub(super) fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// The errno that ended the stream, if one did.
+    pub(super) fn broken(&self) -> Option<i32> {
+        self.broken
+    }
 }
 
 /// What this sender owes the kernel. `to_push`: records whose next request is due, in stream
-/// order, pushed before any new record forms. `owed`: a push or an `io_uring_enter` failed, so
-/// the next progress must enter and no waiter may sleep. `no_place`: the front of `to_push`
-/// waits for room in the CQ (`Ring::has_room`), which a CQE read by anyone makes, not for the SQ.
+/// order, pushed before any new record forms. `owed`: a push or an `io_uring_enter` failed, or a
+/// due request waits for the SQ, so the next progress must enter and no waiter may sleep; it is
+/// set only through [`owe`](Due::owe) and the push's answers, and cleared only by the progress
+/// that enters ([`take_owed`](Due::take_owed)). `no_place`: the front of `to_push` waits for room
+/// in the CQ (`Ring::has_room`), which a CQE read by anyone makes, not for the SQ: that wait
+/// owes nothing.
 pub(super) struct Due<B> {
     pub(super) to_push: VecDeque<Next<B>>,
-    pub(super) owed: bool,
-    pub(super) no_place: bool,
+    owed: bool,
+    no_place: bool,
 }
 
 impl<B> Default for Due<B> {
@@ -115,6 +146,43 @@ impl<B> Default for Due<B> {
     }
 }
 
+impl<B> Due<B> {
+    /// A submit or a push failed, or its failure is left for the next progress to report.
+    pub(super) fn owe(&mut self) {
+        self.owed = true;
+    }
+
+    /// Whether the next progress must enter and a waiter must not sleep.
+    pub(super) fn is_owed(&self) -> bool {
+        self.owed
+    }
+
+    /// The progress that enters takes the debt.
+    pub(super) fn take_owed(&mut self) -> bool {
+        std::mem::take(&mut self.owed)
+    }
+
+    /// A request went into the SQ.
+    pub(super) fn pushed(&mut self) {
+        self.no_place = false;
+    }
+
+    /// The ring refused a request: for lack of CQ room (`no_place`, which owes nothing), or
+    /// because the SQ stayed full or the enter failed.
+    pub(super) fn refused(&mut self, no_place: bool) {
+        self.no_place = no_place;
+        self.owed |= !no_place;
+    }
+
+    /// After a progress entered: whether it leaves a debt (its submit failed, or requests wait
+    /// for the SQ rather than for CQ room).
+    pub(super) fn settle(&mut self, submit_failed: bool) {
+        if submit_failed || (!self.to_push.is_empty() && !self.no_place) {
+            self.owed = true;
+        }
+    }
+}
+
 /// The zero-copy budget as this sender sees it. `pinned` is the sum of `Req::pinned` over this
 /// sender's requests in the ring and `pinning` how many of them have pinned pages; both fall when
 /// those requests' last CQEs come. `deferred` holds records the budget refused, waiting for
@@ -122,10 +190,10 @@ impl<B> Default for Due<B> {
 /// refused request's own completion, which pinned nothing). `pin_limit` is what zero-copy
 /// requests may pin at most (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
 pub(super) struct Budget<B> {
-    pub(super) pin_limit: Option<usize>,
-    pub(super) pinned: usize,
-    pub(super) pinning: usize,
-    pub(super) deferred: Vec<Next<B>>,
+    pin_limit: Option<usize>,
+    pinned: usize,
+    pinning: usize,
+    deferred: Vec<Next<B>>,
 }
 
 impl<B> Budget<B> {
@@ -138,13 +206,24 @@ impl<B> Budget<B> {
         }
     }
 
+    /// What zero-copy requests may pin at most.
+    pub(super) fn pin_limit(&self) -> Option<usize> {
+        self.pin_limit
+    }
+
+    /// What this sender's requests pin now, and how many of them.
+    pub(super) fn pinned(&self) -> (usize, usize) {
+        (self.pinned, self.pinning)
+    }
+
     /// A request's first CQE said it pinned `bytes`.
     pub(super) fn pin(&mut self, bytes: usize) {
         self.pinned += bytes;
         self.pinning += 1;
     }
 
-    /// A request that pinned `bytes` finished: true if pages came back.
+    /// A request that pinned `bytes` finished: true if pages came back (then the records that
+    /// waited for them may go again: [`drain`](Self::drain)).
     pub(super) fn unpin(&mut self, bytes: usize) -> bool {
         if bytes == 0 {
             return false;
@@ -152,5 +231,16 @@ impl<B> Budget<B> {
         self.pinned -= bytes;
         self.pinning -= 1;
         true
+    }
+
+    /// A refused record waits for pinned pages.
+    pub(super) fn defer(&mut self, next: Next<B>) {
+        self.deferred.push(next);
+    }
+
+    /// Every record waiting for pinned pages: to push again after pages came back, or to give
+    /// back at shutdown.
+    pub(super) fn drain(&mut self) -> std::vec::Drain<'_, Next<B>> {
+        self.deferred.drain(..)
     }
 }

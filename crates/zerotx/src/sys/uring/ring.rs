@@ -83,18 +83,13 @@ const FLUSH_ROUNDS: usize = 4;
 /// socket by slot.
 ///
 /// **Datagram sockets only.** A stream or seqpacket socket joins without a descriptor (see
-/// `SharedRing::join`) and its SQEs name the descriptor. Slots for every socket were turned off
-/// once after a Debian 6.12 guest's slow-reader TCP check stalled; that stall was later traced to
-/// the registered pool sitting on transparent huge pages (see `BufPool`), not to slots, but slots
-/// for streams have not been measured or hunted since. For a datagram socket the slot saves the
-/// kernel's descriptor lookup (`fget`/`fput`, ~1.5% of samples) per request: +3-4% sends per
-/// second for `uring-zc-fixed` at 16 KiB into the UDP black hole
-/// (benches/compare-raw-results.md).
+/// `SharedRing::join`) and its SQEs name the descriptor: slots for streams are not measured. For
+/// a datagram socket the slot saves the kernel's descriptor lookup (`fget`/`fput`) per request
+/// (docs/fast-path.md, benches/compare-raw-results.md).
 pub(crate) const FILE_SLOTS: u32 = 64;
 
-/// One completion queue entry, decoded. 16 bytes, so it is passed in registers: at 32 bytes it
-/// went through the stack, and reading it back stalled on store forwarding (perf annotate, the
-/// hottest instruction of the CQE routing).
+/// One completion queue entry, decoded. 16 bytes, so it is passed in registers, not through the
+/// stack (docs/fast-path.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cqe {
     /// Bytes, `-errno`, or a notification's usage report.
