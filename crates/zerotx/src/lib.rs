@@ -56,7 +56,7 @@
 //! |---|---|
 //! | `sender.rs` | [`Sender`]: input checks, one queue of released buffers, blocking on top of the non-blocking core |
 //! | `engine/sendmsg.rs`, `engine/copy.rs`, `engine/msg_zc/` | the `copy` and `msg-zc` engines (one type per socket shape), what they share (`engine/sendmsg_core.rs`), the error-queue reader (`engine/errqueue.rs`); each protocol's id rules in `engine/policy/sendmsg.rs` |
-//! | `engine/uring.rs`, `engine/shared.rs` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
+//! | `engine/uring/` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
 //! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
 //! | `engine/auto.rs` | `auto`: which family (io_uring or `sendmsg`) a socket gets, and why |
 //! | `engine/unfragmented.rs` | the path-MTU mode that keeps the kernel from fragmenting zero-copy datagrams |

@@ -23,13 +23,11 @@ pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
 pub(crate) mod sendmsg_core;
-pub(crate) mod shared;
 pub(crate) mod unfragmented;
 pub(crate) mod uring;
 
 pub use policy::auto::AtCap;
-pub use shared::UringShared;
-pub use uring::UringConfig;
+pub use uring::{UringConfig, UringShared};
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -15,6 +15,7 @@ use socket2::SockAddr;
 use crate::buf::SendBuf;
 use crate::engine::policy;
 use crate::report::{CopyReason, Released, Report, SendPath, Stats};
+use crate::sys::uring::Payload;
 
 /// One send in flight: see the module docs.
 pub(crate) struct Record<B> {
@@ -149,21 +150,6 @@ impl<B: SendBuf> Record<B> {
         self.total - self.sent
     }
 
-    /// The unsent bytes, buffer by buffer, in order.
-    pub(crate) fn unsent(&self) -> impl Iterator<Item = &[u8]> {
-        let mut skip = self.sent;
-        self.bufs.iter().filter_map(move |b| {
-            let bytes = b.as_bytes();
-            if skip >= bytes.len() {
-                skip -= bytes.len();
-                return None;
-            }
-            let rest = &bytes[skip..];
-            skip = 0;
-            Some(rest)
-        })
-    }
-
     /// Gives every buffer back with its report, counted in `stats`: see
     /// [`release_in_place`](Self::release_in_place).
     pub(crate) fn release(
@@ -182,8 +168,7 @@ impl<B: SendBuf> Record<B> {
     ///
     /// Inlined into the engines' completion paths for the common case, one buffer that went whole
     /// with no destination to drop; the rest is out of line ([`release_rest`](Self::release_rest)),
-    /// whose batch loop made every call set up a large stack frame (about 80 user-space
-    /// instructions per zero-copy datagram's release, cachegrind).
+    /// so its batch loop's stack frame is not set up per release (docs/fast-path.md).
     #[inline(always)]
     pub(crate) fn release_in_place(
         &mut self,
@@ -261,6 +246,23 @@ impl<B: SendBuf> Record<B> {
     }
 }
 
+/// An io_uring send request carries a record: its buffers from `sent` on, to `dest`.
+impl<B: SendBuf> Payload for Record<B> {
+    type Buf = B;
+
+    fn bufs(&self) -> &[B] {
+        &self.bufs
+    }
+
+    fn sent(&self) -> usize {
+        self.sent
+    }
+
+    fn dest(&self) -> Option<&SockAddr> {
+        self.dest.as_deref()
+    }
+}
+
 /// The only place a [`Released`] is made: one buffer back with its report, counted in `stats`.
 #[inline(always)]
 fn give<B>(
@@ -283,10 +285,8 @@ fn give<B>(
         },
     };
     // Pushed where the vector has room, so no grow call comes between building the value and
-    // writing it: its fields then go from registers straight into the vector. A plain `push`
-    // built it on the stack first and copied it in with loads wider than the stores that wrote it,
-    // a store-forwarding stall on every release (the largest user-space cost of a copy send in
-    // the profile).
+    // writing it: its fields go from registers straight into the vector, with no copy through
+    // the stack (docs/fast-path.md).
     if out.len() < out.capacity() {
         out.push(released);
     } else {

@@ -21,8 +21,9 @@ mod orphans;
 mod places;
 mod ring;
 
+pub(crate) use op::Payload;
 pub(crate) use op::{SendKind, SendOp};
-pub(crate) use orphans::adopt;
+pub(crate) use orphans::{adopt, new_ring};
 #[cfg(feature = "tokio")]
 pub(crate) use ring::InboxHook;
 pub(crate) use ring::{

@@ -2,23 +2,63 @@
 //! that SQE itself (compio's `OpCode::create_entry` habit), so the ring can take one by value and
 //! push it safely: the ring keeps the boxed request, untouched, until its last CQE.
 //!
-//! - [`SendOp`]: one send of a [`Record`] (its buffers and destination): `IORING_OP_SENDMSG`,
+//! - [`SendOp`]: one send of a [`Payload`] (buffers and destination): `IORING_OP_SENDMSG`,
 //!   `IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` from a registered buffer. Its iovecs (inline
 //!   for one buffer) and `msghdr` live in the request; a finished request's box is handed back to
-//!   the engine, which reuses it, so a send allocates nothing once the engine is warm.
+//!   its owner, which reuses it, so a send allocates nothing once the owner is warm.
 //! - [`Cancel`] (`IORING_OP_ASYNC_CANCEL` by descriptor) and [`Nop`] point at no memory.
 
 use std::any::Any;
 use std::os::fd::RawFd;
-use std::time::Instant;
 
 use io_uring::{opcode, squeue, types};
 use smallvec::SmallVec;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
-use crate::engine::record::Record;
-use crate::report::{Released, Stats};
+
+/// What a [`SendOp`] sends: buffers in stream order, how many of their bytes the kernel already
+/// took, and where they go. The whole memory contract between a send request and its owner, and
+/// it holds by the types alone, so an implementation needs no `unsafe`:
+///
+/// - the bytes are [`SendBuf`]s, whose implementations promise they neither move nor change while
+///   the buffer lives, and the payload (so the buffer) lives in the request until its last CQE;
+/// - the destination is reached through a shared reference to the payload, which nothing can
+///   change while the ring holds the request: the request hands out `&mut` to its payload only to
+///   its owner ([`SendOp::payload_mut`]), who has the box only before the push and after the last
+///   CQE;
+/// - the request computes the unsent slices itself ([`unsent`]) from [`bufs`](Payload::bufs) and
+///   [`sent`](Payload::sent), so a wrong count sends the wrong bytes of the payload's own buffers,
+///   never memory outside them.
+pub(crate) trait Payload: Send + 'static {
+    /// The buffers' type.
+    type Buf: SendBuf;
+
+    /// The buffers, in stream order.
+    fn bufs(&self) -> &[Self::Buf];
+
+    /// Bytes at the front of [`bufs`](Payload::bufs) the kernel already took: the request sends
+    /// the rest.
+    fn sent(&self) -> usize;
+
+    /// Where the bytes go, on a socket that is not connected.
+    fn dest(&self) -> Option<&SockAddr>;
+}
+
+/// The bytes of `bufs` after the first `sent`, buffer by buffer, in order.
+pub(crate) fn unsent<B: SendBuf>(bufs: &[B], sent: usize) -> impl Iterator<Item = &[u8]> {
+    let mut skip = sent;
+    bufs.iter().filter_map(move |b| {
+        let bytes = b.as_bytes();
+        if skip >= bytes.len() {
+            skip -= bytes.len();
+            return None;
+        }
+        let rest = &bytes[skip..];
+        skip = 0;
+        Some(rest)
+    })
+}
 
 /// A request a ring can carry.
 ///
@@ -90,91 +130,54 @@ pub(crate) enum SendKind {
     },
 }
 
-/// One send request: the unsent part of a [`Record`], on descriptor `fd`, and what its owner
+/// One send request: the unsent part of a [`Payload`], on descriptor `fd`, and what its owner
 /// keeps of it (`M`) in the same box, so a request is one allocation and one ring slot from its
 /// push to its last CQE.
-pub(crate) struct SendOp<B, M = ()> {
+pub(crate) struct SendOp<P, M = ()> {
     /// The owner's own account of the request ([`Op::meta`]). No SQE points at it: the only part
     /// of a request the ring lends its owner while it holds the request.
     pub(crate) meta: M,
-    /// `None` only while the engine keeps the box for reuse.
-    rec: Option<Record<B>>,
+    payload: P,
     fd: RawFd,
     kind: SendKind,
     flags: i32,
-    /// The record's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`] that sends a
+    /// The payload's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`] that sends a
     /// `msghdr` (a fixed-buffer `SEND_ZC` points straight at its bytes).
     iov: SmallVec<[libc::iovec; 1]>,
-    /// Points at `iov` and the record's boxed destination; rebuilt by every [`Op::entry`].
+    /// Points at `iov` and the payload's destination; rebuilt by every [`Op::entry`].
     msg: libc::msghdr,
 }
 
 // SAFETY: the raw pointers in `iov` and `msg` point into this value's own fields and into the
-// bytes of its `SendBuf`s (which are `Send`); nothing here dereferences them, only the kernel
-// reads through them, so the request may move to another thread with its engine or ring.
-unsafe impl<B: Send, M: Send> Send for SendOp<B, M> {}
+// bytes of its payload's `SendBuf`s (which are `Send`); nothing here dereferences them, only the
+// kernel reads through them, so the request may move to another thread with its owner or ring.
+unsafe impl<P: Send, M: Send> Send for SendOp<P, M> {}
 
-impl<B: SendBuf, M: Default> SendOp<B, M> {
-    /// A request for `rec`, in `spare` (a finished request's box) if there is one.
-    pub(crate) fn new(rec: Record<B>, spare: Option<Box<Self>>) -> Box<Self> {
-        match spare {
-            Some(mut op) => {
-                op.rec = Some(rec);
-                op
-            }
-            None => Box::new(Self {
-                meta: M::default(),
-                rec: Some(rec),
-                fd: -1,
-                kind: SendKind::Copy,
-                flags: 0,
-                iov: SmallVec::new(),
-                msg: crate::sys::send_msghdr(&[], None),
-            }),
-        }
+impl<P: Payload, M: Default> SendOp<P, M> {
+    /// A request for `payload`, in a new box (a finished request's box is reused through
+    /// [`payload_mut`](Self::payload_mut)).
+    pub(crate) fn new(payload: P) -> Box<Self> {
+        Box::new(Self {
+            meta: M::default(),
+            payload,
+            fd: -1,
+            kind: SendKind::Copy,
+            flags: 0,
+            iov: SmallVec::new(),
+            msg: crate::sys::send_msghdr(&[], None),
+        })
     }
 
-    /// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished
-    /// request's box) if there is one: its record is refilled in place, not built and moved in.
-    pub(crate) fn for_buf(
-        spare: Option<Box<Self>>,
-        buf: B,
-        dest: Option<Box<SockAddr>>,
-        started: Option<Instant>,
-    ) -> Box<Self> {
-        match spare {
-            Some(mut op) => {
-                match &mut op.rec {
-                    Some(rec) => rec.refill(buf, dest, started),
-                    None => op.rec = Some(Record::new(buf, dest, started)),
-                }
-                op
-            }
-            None => Self::new(Record::new(buf, dest, started), None),
-        }
+    /// What this request sends.
+    pub(crate) fn payload(&self) -> &P {
+        &self.payload
     }
 
-    /// Gives the record's buffers back ([`Record::release_in_place`]) and keeps the emptied
-    /// record in the box for [`for_buf`](Self::for_buf).
-    pub(crate) fn release(
-        &mut self,
-        zerocopy_engine: bool,
-        stats: &mut Stats,
-        out: &mut Vec<Released<B>>,
-    ) {
-        self.record_mut()
-            .release_in_place(zerocopy_engine, stats, out);
-    }
-
-    /// The record this request sends.
-    pub(crate) fn record(&self) -> &Record<B> {
-        self.rec.as_ref().expect("a request holds its record")
-    }
-
-    /// The record, to account what the kernel did (only its owner can call this: never while the
-    /// ring holds the request).
-    pub(crate) fn record_mut(&mut self) -> &mut Record<B> {
-        self.rec.as_mut().expect("a request holds its record")
+    /// What this request sends, to account what the kernel did or to refill a finished request's
+    /// box. Only the box's owner can call it, and a ring holds the box from the push to the last
+    /// CQE: the payload never changes while the kernel may read it.
+    pub(crate) fn payload_mut(&mut self) -> &mut P {
+        &mut self.payload
     }
 
     /// Sets how the next push sends: on `fd`, as `kind`, with `msg_flags` `flags`.
@@ -183,22 +186,14 @@ impl<B: SendBuf, M: Default> SendOp<B, M> {
         self.kind = kind;
         self.flags = flags;
     }
-
-    /// The record back, and the empty box for the next request (the tests' form of
-    /// [`release`](Self::release)).
-    #[cfg(test)]
-    pub(crate) fn take(mut self: Box<Self>) -> (Record<B>, Box<Self>) {
-        let rec = self.rec.take().expect("a request holds its record");
-        (rec, self)
-    }
 }
 
-// SAFETY: the entry points at `self.iov` and `self.msg` (fields of the value), at the record's
-// destination (boxed inside the record, which the value owns) and at the unsent bytes of the
-// record's buffers, which `SendBuf` promises stay in place and unchanged while the buffers live:
-// they live in the value. `rec` is replaced only by its owner, never while a ring holds the value;
-// `meta`, the one field the ring lends while it holds the value, is not pointed at.
-unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
+// SAFETY: the entry points at `self.iov` and `self.msg` (fields of the value), at the payload's
+// destination and at the unsent bytes of the payload's buffers (the payload is a field of the
+// value): by the `Payload` contract these stay in place and unchanged while the value lives and
+// its owner cannot reach `payload_mut`, which is the whole time a ring holds the value. `meta`,
+// the one field the ring lends while it holds the value, is not pointed at.
+unsafe impl<P: Payload, M: Send + 'static> Op for SendOp<P, M> {
     type Meta = M;
 
     // Its result, and a zero-copy send's notification.
@@ -211,39 +206,35 @@ unsafe impl<B: SendBuf, M: Send + 'static> Op for SendOp<B, M> {
         unsafe { std::ptr::addr_of_mut!((*this).meta) }
     }
 
-    // Inlined into `Ring::push`: called, it built the 64-byte SQE on the stack and the push copied
-    // it twice more (perf: ~30% of `push_request`'s samples on those copies).
+    // Inlined into `Ring::push`, so the 64-byte SQE is built in place (docs/fast-path.md).
     #[inline(always)]
     fn entry(&mut self, file: Option<u32>) -> squeue::Entry {
         let bad = super::take_bad_sqe();
         let Self {
             meta: _,
-            rec,
+            payload,
             fd,
             kind,
             flags,
             iov,
             msg,
         } = self;
-        let rec = rec.as_ref().expect("a request holds its record");
-        let dest = rec.dest.as_deref();
+        let bufs = payload.bufs();
+        let dest = payload.dest();
+        let sent = payload.sent();
         let fd = *fd;
         // A fixed-buffer SEND_ZC needs no iovec and no msghdr: its SQE points at the bytes.
         if !matches!(kind, SendKind::Fixed { .. }) {
             iov.clear();
-            iov.extend(rec.unsent().map(|bytes| libc::iovec {
+            iov.extend(unsent(bufs, sent).map(|bytes| libc::iovec {
                 iov_base: bytes.as_ptr() as *mut libc::c_void,
                 iov_len: bytes.len(),
             }));
         }
         match *kind {
             SendKind::Fixed { index, zc_flags } => {
-                debug_assert_eq!(
-                    rec.bufs.len(),
-                    1,
-                    "a fixed-buffer request carries one buffer"
-                );
-                let one = rec.unsent().next().unwrap_or_default();
+                debug_assert_eq!(bufs.len(), 1, "a fixed-buffer request carries one buffer");
+                let one = unsent(bufs, sent).next().unwrap_or_default();
                 // A registered buffer lies in a region of at most 1 GiB (checked at registration),
                 // so its length fits the SQE's 32 bits.
                 let len = u32::try_from(one.len()).expect("registered buffers are <= 1 GiB");
@@ -314,5 +305,24 @@ unsafe impl Op for Nop {
 
     fn entry(&mut self, _file: Option<u32>) -> squeue::Entry {
         opcode::Nop::new().build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsent;
+
+    /// A request sends its payload's bytes after `sent`, across buffer edges, and nothing when
+    /// everything (or more, by a wrong count) went: never bytes outside the buffers.
+    #[test]
+    fn unsent_skips_what_went_across_buffers() {
+        let bufs = [vec![1u8; 3], vec![2; 0], vec![3; 4]];
+        let at = |sent| unsent(&bufs, sent).map(<[u8]>::to_vec).collect::<Vec<_>>();
+        assert_eq!(at(0), vec![vec![1; 3], vec![3; 4]]);
+        assert_eq!(at(2), vec![vec![1; 1], vec![3; 4]]);
+        assert_eq!(at(3), vec![vec![3; 4]]);
+        assert_eq!(at(5), vec![vec![3; 2]]);
+        assert!(at(7).is_empty());
+        assert!(at(100).is_empty());
     }
 }

@@ -5,12 +5,20 @@
 //! the kernel's last CQE, as on a shared ring. No thread of its own: a process that makes no more
 //! rings keeps them (the same as leaking, bounded by the buffers kept).
 
+use std::io;
 use std::sync::Mutex;
 
 use super::op::Nop;
 use super::ring::{Ring, NOBODY};
 
 static ORPHANS: Mutex<Vec<Ring>> = Mutex::new(Vec::new());
+
+/// A new ring ([`Ring::new`]), made after a look at the rings kept here: a new sender's ring is
+/// the time to free what the departed ones held.
+pub(crate) fn new_ring(entries: u32, batch: usize, owners: u32) -> io::Result<Ring> {
+    collect();
+    Ring::new(entries, batch, owners)
+}
 
 /// Keeps `ring` until its requests finished (dropped at once if none is in flight).
 pub(crate) fn adopt(mut ring: Ring) {
@@ -24,7 +32,7 @@ pub(crate) fn adopt(mut ring: Ring) {
 
 /// Reaps every kept ring, and drops those with nothing in flight any more (and the requests that
 /// finished), after letting go of the list's lock.
-pub(crate) fn collect() {
+fn collect() {
     let (done, departed) = {
         let mut orphans = ORPHANS.lock().unwrap_or_else(|e| e.into_inner());
         if orphans.is_empty() {

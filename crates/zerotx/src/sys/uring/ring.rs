@@ -83,18 +83,13 @@ const FLUSH_ROUNDS: usize = 4;
 /// socket by slot.
 ///
 /// **Datagram sockets only.** A stream or seqpacket socket joins without a descriptor (see
-/// `SharedRing::join`) and its SQEs name the descriptor. Slots for every socket were turned off
-/// once after a Debian 6.12 guest's slow-reader TCP check stalled; that stall was later traced to
-/// the registered pool sitting on transparent huge pages (see `BufPool`), not to slots, but slots
-/// for streams have not been measured or hunted since. For a datagram socket the slot saves the
-/// kernel's descriptor lookup (`fget`/`fput`, ~1.5% of samples) per request: +3-4% sends per
-/// second for `uring-zc-fixed` at 16 KiB into the UDP black hole
-/// (benches/compare-raw-results.md).
+/// `SharedRing::join`) and its SQEs name the descriptor: slots for streams are not measured. For
+/// a datagram socket the slot saves the kernel's descriptor lookup (`fget`/`fput`) per request
+/// (docs/fast-path.md, benches/compare-raw-results.md).
 pub(crate) const FILE_SLOTS: u32 = 64;
 
-/// One completion queue entry, decoded. 16 bytes, so it is passed in registers: at 32 bytes it
-/// went through the stack, and reading it back stalled on store forwarding (perf annotate, the
-/// hottest instruction of the CQE routing).
+/// One completion queue entry, decoded. 16 bytes, so it is passed in registers, not through the
+/// stack (docs/fast-path.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cqe {
     /// Bytes, `-errno`, or a notification's usage report.
@@ -253,8 +248,6 @@ impl Ring {
     ///
     /// [`submit_if_due`]: Ring::submit_if_due
     pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
-        // A new sender's ring: the time to look at the rings left with requests in flight.
-        super::orphans::collect();
         let cq = Self::cq_size(entries, owners)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
@@ -863,7 +856,7 @@ mod tests {
 
     use super::*;
     use crate::buf::SendBuf;
-    use crate::engine::record::Record;
+    use crate::sys::uring::op::Payload;
     use crate::sys::uring::{SendKind, SendOp};
 
     /// A buffer that counts its drops.
@@ -882,6 +875,23 @@ mod tests {
         }
     }
 
+    /// A request of one whole buffer to the connected peer.
+    impl Payload for Counted {
+        type Buf = Self;
+
+        fn bufs(&self) -> &[Self] {
+            std::slice::from_ref(self)
+        }
+
+        fn sent(&self) -> usize {
+            0
+        }
+
+        fn dest(&self) -> Option<&SockAddr> {
+            None
+        }
+    }
+
     /// A UDP socket connected to itself on 127.0.0.1, and a `SENDMSG_ZC` of 1000 bytes on it.
     fn setup(drops: &Arc<AtomicUsize>) -> Option<(UdpSocket, Box<SendOp<Counted>>)> {
         if !crate::sys::uring::probe().is_ok_and(|p| p.sendmsg_zc) {
@@ -890,12 +900,7 @@ mod tests {
         }
         let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
         sock.connect(sock.local_addr().unwrap()).unwrap();
-        let rec = Record::new(
-            Counted(vec![7; 1000], drops.clone()),
-            None::<SockAddr>,
-            None,
-        );
-        let mut op = SendOp::new(rec, None);
+        let mut op = SendOp::new(Counted(vec![7; 1000], drops.clone()));
         op.set(
             sock.as_raw_fd(),
             SendKind::ZeroCopy { zc_flags: 0 },
@@ -959,9 +964,8 @@ mod tests {
         assert!(first.more());
         let op = got.into_iter().find_map(|c| c.op).unwrap();
         assert_eq!(drops.load(Ordering::SeqCst), 0);
-        let (rec, _) = op.take();
-        assert_eq!(rec.bufs[0].0, vec![7; 1000]);
-        drop(rec);
+        assert_eq!(op.payload().0, vec![7; 1000]);
+        drop(op);
         assert_eq!(drops.load(Ordering::SeqCst), 1);
     }
 
@@ -1137,12 +1141,7 @@ mod tests {
 
     /// A `SENDMSG` (copy) of `byte` on `sock`.
     fn copy_op(sock: &UdpSocket, byte: u8, drops: &Arc<AtomicUsize>) -> Box<SendOp<Counted>> {
-        let rec = Record::new(
-            Counted(vec![byte; 100], drops.clone()),
-            None::<SockAddr>,
-            None,
-        );
-        let mut op = SendOp::new(rec, None);
+        let mut op = SendOp::new(Counted(vec![byte; 100], drops.clone()));
         op.set(sock.as_raw_fd(), SendKind::Copy, libc::MSG_NOSIGNAL);
         op
     }
@@ -1232,6 +1231,6 @@ mod tests {
         crate::sys::uring::inject(Default::default());
         assert!(refused.error.is_some());
         assert_eq!(ring.in_flight(), 1);
-        assert_eq!(refused.op.record().bufs[0].0.len(), 1000);
+        assert_eq!(refused.op.payload().0.len(), 1000);
     }
 }

@@ -1,63 +1,22 @@
-//! The io_uring engines: `uring` (`IORING_OP_SENDMSG`, the kernel copies) and `uring-zc`
-//! (`IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` for buffers from
-//! a registered [`BufPool`]), both with many requests per `io_uring_enter`. This module decides
-//! order, batching and the budget; the ring, the requests and every pointer the kernel reads are
-//! in [`sys::uring`].
-//!
-//! - **Order.** io_uring issues requests independently: two in flight on one connection can
-//!   reorder it when the socket buffer fills (KERNEL.md measured a quarter of a TCP stream's bytes
-//!   out of order; SEQPACKET messages reorder the same way). So a stream or seqpacket socket has
-//!   exactly one request in flight. On a byte stream (TCP, AF_UNIX and vsock streams) it carries
-//!   up to `batch` queued buffers as an iovec with `MSG_WAITALL`, and a short result is continued
-//!   from its offset; on SEQPACKET and SCTP one request is one message, never merged. Datagram
-//!   sockets have many requests in flight, one per buffer. The next record of an ordered socket
-//!   may go as soon as the first CQE says the previous one went whole, before its notification.
-//! - **Completions.** The first CQE carries bytes or `-errno` and `IORING_CQE_F_MORE` when a
-//!   notification follows (read from the flag, also on errors); it decides what follows the
-//!   request ([`Then`]). The request holds its record (the buffers) until its **last** CQE (the
-//!   `IORING_CQE_F_NOTIF` one, or a first CQE without `F_MORE`), which hands the record back;
-//!   only then is it released, or continued: a short `MSG_WAITALL` result, a resubmission and a
-//!   copy after the budget refused are built from the returned record, so they wait for the
-//!   notification of the request before them. `IORING_SEND_ZC_REPORT_USAGE`, where the kernel has
-//!   it, makes the notification say whether the kernel copied. Every CQE reaped is applied, and
-//!   whatever must be pushed next waits in `to_push` until the SQ takes it, so a failing
-//!   `io_uring_enter` loses nothing.
-//! - **The zero-copy budget** (`ENOMEM`, when io_uring charges pinned pages to
-//!   `RLIMIT_MEMLOCK`): a refused request waits for one of this sender's requests that holds
-//!   pinned pages to finish, if those pages could make room for it; otherwise it goes by copy at
-//!   once (a fallback). A request larger than the locked-memory limit is never tried zero-copy.
-//!   Nothing is retried on its own completion, so nothing spins. `ENOBUFS` is never the budget
-//!   here: io_uring hands the stack its own notification (`msg_ubuf`), so the option-memory
-//!   allocation that answers `ENOBUFS` for `MSG_ZEROCOPY` never runs; an `ENOBUFS` is a datagram
-//!   a qdisc dropped (reported with `IP_RECVERR`), an error of that datagram, and resending it
-//!   into the same full queue would only repeat the drop.
-//! - **A thread that exited.** A parked request is retried on the thread that submitted it; if
-//!   that thread is gone the kernel cancels it (`-ECANCELED` having sent nothing, measured on 6.18;
-//!   `-EFAULT` reported elsewhere). The connection is fine: the request is submitted again (up to
-//!   8 times in a row; an `-EFAULT` once, since it also means memory the kernel cannot read, which
-//!   no resubmission cures).
-//! - **Leaving.** A sender's SQEs name its own duplicate of the socket's descriptor. Shutdown
-//!   submits every SQE still in the SQ and cancels parked requests (`IORING_OP_ASYNC_CANCEL`);
-//!   the duplicate is closed only if that succeeded, leaked otherwise, so a descriptor number an
-//!   SQE names is never reused under it. Records still in the ring after that are kept: shutdown
-//!   counts them, and the ring frees them after their last CQE (a sender's own ring is kept for
-//!   that after the sender is dropped: see [`sys::uring::Ring`]).
-//!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
-//!   (see [`sys::uring::Ring`]).
+//! [`UringEngine`]: the io_uring engine (see the [module docs](super) for order, completions,
+//! the budget and leaving).
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use socket2::SockAddr;
 
+use super::config::UringConfig;
+use super::cqe::{self, OnBudget, Req, Then};
 use super::shared::{RingGuard, RingRef, UringShared};
+use super::state::{Budget, Due, Head, Next, Op, Seat, Shape};
 
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::auto::EpochClock;
-use crate::engine::policy::auto::{AtCap, AutoPolicy, Choice, Load};
-use crate::engine::policy::{self, BudgetAction, Refusal};
+use crate::engine::policy;
+use crate::engine::policy::auto::{AutoPolicy, Choice, Load};
 use crate::engine::record::{LatencySampler, Record};
 use crate::engine::{send_each, send_front, Engine, EngineKind};
 use crate::error::{Error, Feature, SendError};
@@ -66,174 +25,47 @@ use crate::socket::{Family, SockType, Socket};
 use crate::sys;
 use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp};
 
-/// Ring and batching settings for the io_uring engines: `UringConfig::default()`, then the
-/// `with_` methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UringConfig {
-    /// Submission queue entries, and the requests one sender may have in flight (the CQ gets
-    /// twice as many, plus room for each sender of a shared ring).
-    pub entries: u32,
-    /// Buffers per request on a stream socket, and requests queued before an `io_uring_enter`.
-    pub batch: usize,
-    /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
-    pub queue_limit: usize,
-    /// Senders a shared ring ([`UringShared`](crate::UringShared)) takes at once: its completion
-    /// queue keeps room for one request of each (three completions), so senders whose requests
-    /// are parked never take the room another sender needs. A sender's own ring takes one.
-    pub senders: u32,
-}
-
-impl UringConfig {
-    /// Submission queue entries.
-    pub fn with_entries(mut self, entries: u32) -> Self {
-        self.entries = entries;
-        self
-    }
-
-    /// Buffers per stream request, and requests queued before an `io_uring_enter`.
-    pub fn with_batch(mut self, batch: usize) -> Self {
-        self.batch = batch;
-        self
-    }
-
-    /// Buffers accepted but not yet in a request before `try_send` answers `WouldBlock`.
-    pub fn with_queue_limit(mut self, queue_limit: usize) -> Self {
-        self.queue_limit = queue_limit;
-        self
-    }
-
-    /// Senders a shared ring takes at once.
-    pub fn with_senders(mut self, senders: u32) -> Self {
-        self.senders = senders;
-        self
-    }
-}
-
-impl Default for UringConfig {
-    fn default() -> Self {
-        Self {
-            entries: 256,
-            batch: 32,
-            queue_limit: 256,
-            senders: 4096,
-        }
-    }
-}
-
-/// What follows a request, decided at its first CQE and carried out when its last CQE hands the
-/// record back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Then {
-    /// The record went whole: release it.
-    Done,
-    /// `MSG_WAITALL` stopped short (its thread exited, measured on 6.18): go on from there.
-    Continue,
-    /// The zero-copy budget refused it (`ENOMEM`): wait for pinned pages, or copy.
-    Budget,
-    /// The thread that submitted it exited and the kernel cancelled it: submit it again.
-    Resubmit,
-    /// It failed with this errno: release the record with the error.
-    Fail(i32),
-}
-
-/// What the engine knows of a request in the ring, kept in the request's own box
-/// ([`SendOp::meta`]), which the ring lends the engine with each CQE: one slot per request.
-#[derive(Debug, Clone, Copy, Default)]
-struct Req {
-    /// Sent zero-copy (`SENDMSG_ZC`/`SEND_ZC`).
-    zc: bool,
-    /// Zero-copy from user memory: io_uring charges its pages to `RLIMIT_MEMLOCK` (a registered
-    /// buffer's pages were charged once, at registration).
-    charged: bool,
-    /// Bytes it carries: the record's unsent bytes when it was pushed.
-    len: usize,
-    /// What io_uring charged for the pages it pinned, once its first CQE said it sent; they come
-    /// back with its notification.
-    pinned: usize,
-    /// The first CQE's `res` and what follows, once it came.
-    first: Option<(i32, Then)>,
-    /// The notification said the kernel copied.
-    copied: bool,
-    /// Resubmissions of its record after a cancel that sent nothing, in a row.
-    resubmits: u32,
-}
-
-/// A request of this engine: a record and the engine's account of it.
-type Op<B> = SendOp<B, Req>;
-
-/// A record due for its next request, in the box that request will use.
-struct Next<B> {
-    op: Box<Op<B>>,
-    /// Goes zero-copy if it can (else by copy: the `uring` engine, or a fallback).
-    zc: bool,
-    resubmits: u32,
-}
-
 pub(crate) struct UringEngine<B> {
     ring: RingRef,
     /// Everything but the ring, apart so that a call can hold the ring's lock while it changes it.
     st: State<B>,
 }
 
+/// Everything of an io_uring engine but its ring, in named records (`state.rs`) and the few
+/// counters and settings that need no record.
 struct State<B> {
-    owner: u16,
-    /// Left the ring (at shutdown): it must not be touched for this owner again.
-    left: bool,
-    /// The socket, as this engine's own descriptor: every SQE names it. Closed only once no SQE
-    /// in the SQ can name it (`leak_fd` otherwise), so the caller may close or hand back theirs.
-    fd: Option<OwnedFd>,
-    leak_fd: bool,
+    seat: Seat,
+    shape: Shape,
+    head: Head,
+    due: Due<B>,
+    budget: Budget<B>,
     /// Zero-copy requests may be sent (`uring-zc`, or `auto`).
     zc: bool,
     /// `auto`: the per-record choice between zero-copy and copy.
     auto: Option<AutoPolicy>,
-    /// Requests whose pages are pinned now (`Req::pinned > 0`).
-    pinning: usize,
     clock: EpochClock,
     /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
     zc_flags: u16,
-    /// One request in flight (stream and seqpacket sockets).
-    ordered: bool,
-    /// Several buffers per request, `MSG_WAITALL`, short results continued (byte streams).
-    merge: bool,
-    /// What zero-copy requests may pin at most (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
-    pin_limit: Option<usize>,
     cfg: UringConfig,
-    /// Destinations boxed: an entry moves twice per send, and most sends have none.
+    /// Buffers accepted and not yet in a record, in order. Destinations boxed: an entry moves
+    /// twice per send, and most sends have none.
     queue: VecDeque<(B, Option<Box<SockAddr>>)>,
     /// This sender's requests in the ring (pushed, last CQE not yet applied).
     in_ring: usize,
     latency: LatencySampler,
-    /// An ordered socket's request is out (or waiting to be pushed).
-    busy: bool,
-    /// Records whose next request is due, in order.
-    to_push: VecDeque<Next<B>>,
-    /// Records whose zero-copy request hit the budget, waiting for pinned pages to come back.
-    deferred: Vec<Next<B>>,
     /// Boxes of finished requests, for the next ones.
     spare: Vec<Box<Op<B>>>,
-    /// What this sender's requests pin now (sum of `Req::pinned`).
-    pinned: usize,
-    /// A submit or push failed: the next progress must enter, and a waiter must not sleep.
-    owed: bool,
-    /// The front of `to_push` waits for room in the CQ (see [`Ring::has_room`]), not for the SQ.
-    no_place: bool,
     /// Shutting down: results are recorded, nothing more is pushed.
     closing: bool,
     /// In a batch of sends ([`Engine::batch`]): enter only for a full batch.
     batching: bool,
-    broken: Option<i32>,
+    /// Buffers accepted and not yet given back.
     held: usize,
     stats: Stats,
 }
 
 /// How long a sender on a shared ring sleeps before it looks at its inbox again.
 const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
-
-/// Resubmissions of a cancelled request that sent nothing before its record fails (an `EFAULT`
-/// is resubmitted once: see `on_first`).
-const MAX_RESUBMITS: u32 = 8;
 
 /// Fixed buffer index for `buf` when it lies in the registered `region` and policy sends it
 /// alone from there ([`policy::fixed_buffer`]).
@@ -243,6 +75,24 @@ fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B) -> Option<
     }
     let (r, _) = buf.registered()?;
     (Some(r) == region).then_some(0)
+}
+
+/// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished request's
+/// box, whose record was released) if there is one: the record is refilled in place, not built
+/// and moved in.
+fn op_for<B: SendBuf>(
+    spare: Option<Box<Op<B>>>,
+    buf: B,
+    dest: Option<Box<SockAddr>>,
+    started: Option<Instant>,
+) -> Box<Op<B>> {
+    match spare {
+        Some(mut op) => {
+            op.payload_mut().refill(buf, dest, started);
+            op
+        }
+        None => SendOp::new(Record::new(buf, dest, started)),
+    }
 }
 
 impl<B: SendBuf> UringEngine<B> {
@@ -309,36 +159,26 @@ impl<B: SendBuf> UringEngine<B> {
         Ok(Self {
             ring,
             st: State {
-                owner,
-                left: false,
-                fd: Some(fd),
-                leak_fd: false,
+                seat: Seat::new(owner, fd),
+                shape: Shape::of(sock.kind),
+                head: Head::default(),
+                due: Due::default(),
+                budget: Budget::new(if zc { sysu::pin_limit() } else { None }),
                 zc,
                 auto,
-                pinning: 0,
                 clock: EpochClock::default(),
                 zc_flags: if report {
                     sysu::SEND_ZC_REPORT_USAGE
                 } else {
                     0
                 },
-                ordered: sock.kind.is_ordered(),
-                merge: sock.kind.is_byte_stream(),
-                pin_limit: if zc { sysu::pin_limit() } else { None },
                 cfg,
                 queue: VecDeque::new(),
                 in_ring: 0,
                 latency: LatencySampler::default(),
-                busy: false,
-                to_push: VecDeque::new(),
-                deferred: Vec::new(),
                 spare: Vec::new(),
-                pinned: 0,
-                owed: false,
-                no_place: false,
                 closing: false,
                 batching: false,
-                broken: None,
                 held: 0,
                 stats: Stats::default(),
             },
@@ -353,10 +193,6 @@ impl<B: SendBuf> UringEngine<B> {
 }
 
 impl<B: SendBuf> State<B> {
-    fn raw_fd(&self) -> i32 {
-        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
-    }
-
     /// The registered region zero-copy requests may send from, if any.
     fn fixed_region(&self, ring: &Ring) -> Option<u64> {
         if self.zc {
@@ -370,19 +206,21 @@ impl<B: SendBuf> State<B> {
     /// a batch of sends, and always for an ordered socket, whose one request in flight never
     /// fills a batch (holding it back would idle the connection until the batch ends).
     fn eager(&self) -> bool {
-        !self.batching || self.ordered
+        !self.batching || self.shape.ordered()
     }
 
     /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
     /// pages exceed `RLIMIT_MEMLOCK`, however long one waits.
     fn may_pin(&self, bytes: usize) -> bool {
-        policy::may_pin(sysu::pin_charge(bytes), self.pin_limit)
+        policy::may_pin(sysu::pin_charge(bytes), self.budget.pin_limit())
     }
 
     /// Order, the CQ's room for this sender and the requests waiting to be pushed let a new
     /// request form.
     fn may_issue(&self, ring: &Ring) -> bool {
-        self.to_push.is_empty() && !(self.ordered && self.busy) && ring.has_room(self.owner)
+        self.due.to_push.is_empty()
+            && !(self.shape.ordered() && self.head.busy())
+            && ring.has_room(self.seat.owner)
     }
 
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
@@ -397,7 +235,7 @@ impl<B: SendBuf> State<B> {
             }
             let fixed = {
                 let (first, _) = self.queue.front().expect("queue not empty");
-                fixed_index(region, self.merge, first).is_some()
+                fixed_index(region, self.shape.merge(), first).is_some()
             };
             let mut zc = self.zc;
             let mut chosen = None;
@@ -406,11 +244,9 @@ impl<B: SendBuf> State<B> {
             if let Some(auto) = &mut self.auto {
                 let (first, _) = self.queue.front().expect("queue not empty");
                 let len = first.as_bytes().len();
-                direct = self.merge && policy::write_now(len);
-                let load = Load {
-                    sends: self.pinning,
-                    bytes: self.pinned,
-                };
+                direct = self.shape.merge() && policy::write_now(len);
+                let (bytes, sends) = self.budget.pinned();
+                let load = Load { sends, bytes };
                 let choice = auto.choose(len, fixed, load);
                 self.clock.tick(auto);
                 match choice {
@@ -456,8 +292,8 @@ impl<B: SendBuf> State<B> {
         copy_reason: Option<CopyReason>,
     ) -> io::Result<bool> {
         // The record is made in the box its request will use (a finished request's).
-        let mut op = SendOp::for_buf(self.spare.pop(), first, dest, self.latency.next());
-        let rec = op.record_mut();
+        let mut op = op_for(self.spare.pop(), first, dest, self.latency.next());
+        let rec = op.payload_mut();
         if let Some(probe) = chosen {
             rec.auto_zc = true;
             rec.probe = probe;
@@ -470,14 +306,14 @@ impl<B: SendBuf> State<B> {
         // still copies, and one buffer answers that (a batch would send up to 2 MiB zero-copy
         // on a route that copies it all).
         let probe = chosen == Some(true);
-        while self.merge && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
+        while self.shape.merge() && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
             let next = match self.queue.front() {
-                Some((b, _)) if !zc || fixed_index(region, self.merge, b).is_none() => {
+                Some((b, _)) if !zc || fixed_index(region, self.shape.merge(), b).is_none() => {
                     b.as_bytes().len()
                 }
                 _ => break,
             };
-            let limit = if zc { self.pin_limit } else { None };
+            let limit = if zc { self.budget.pin_limit() } else { None };
             if !policy::batch_fits(sysu::pin_charge(rec.total + next), limit) {
                 break;
             }
@@ -494,8 +330,8 @@ impl<B: SendBuf> State<B> {
     /// refused it, exactly as `flush_pushes` would. `false`: the SQ refused it.
     #[inline]
     fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
-        if self.ordered {
-            self.busy = true;
+        if self.shape.ordered() {
+            self.head.take();
         }
         let next = Next {
             op,
@@ -503,7 +339,7 @@ impl<B: SendBuf> State<B> {
             resubmits: 0,
         };
         if let Err((next, error)) = self.push_request(ring, next) {
-            self.to_push.push_front(next);
+            self.due.to_push.push_front(next);
             return error.map_or(Ok(false), Err);
         }
         Ok(true)
@@ -525,7 +361,7 @@ impl<B: SendBuf> State<B> {
         reason: CopyReason,
         out: &mut Vec<Released<B>>,
     ) -> io::Result<bool> {
-        let Some(fd) = self.fd.as_ref() else {
+        let Some(fd) = self.seat.fd.as_ref() else {
             // Never here: the descriptor goes only when the engine is dropped.
             return self.form_copy(ring, reason);
         };
@@ -578,8 +414,8 @@ impl<B: SendBuf> State<B> {
                 self.held -= 1;
                 Record::release_whole(buf, path, started, &mut self.stats, out);
             } else {
-                let mut op = SendOp::for_buf(self.spare.pop(), buf, dest, started);
-                let rec = op.record_mut();
+                let mut op = op_for(self.spare.pop(), buf, dest, started);
+                let rec = op.payload_mut();
                 rec.copy = Some(reason);
                 rec.sent = taken;
                 return self.launch(ring, op, false);
@@ -607,9 +443,9 @@ impl<B: SendBuf> State<B> {
     /// full, `io_uring_enter` fails or the CQ has no room for this sender; they go at the next
     /// progress.
     fn flush_pushes(&mut self, ring: &mut Ring) -> io::Result<()> {
-        while let Some(next) = self.to_push.pop_front() {
+        while let Some(next) = self.due.to_push.pop_front() {
             if let Err((next, error)) = self.push_request(ring, next) {
-                self.to_push.push_front(next);
+                self.due.to_push.push_front(next);
                 return error.map_or(Ok(()), Err);
             }
         }
@@ -636,9 +472,9 @@ impl<B: SendBuf> State<B> {
         } else {
             None
         };
-        let rec = op.record();
+        let rec = op.payload();
         let fixed = match rec.bufs.as_slice() {
-            [one] => fixed_index(region, self.merge, one),
+            [one] => fixed_index(region, self.shape.merge(), one),
             _ => None,
         };
         let len = rec.left();
@@ -646,7 +482,7 @@ impl<B: SendBuf> State<B> {
         // never fit goes by copy at once.
         let zc = want_zc && (fixed.is_some() || self.may_pin(len));
         if want_zc && !zc {
-            op.record_mut().copy_for(CopyReason::Fallback);
+            op.payload_mut().copy_for(CopyReason::Fallback);
         }
         let kind = match (zc, fixed) {
             (true, Some(index)) => SendKind::Fixed {
@@ -658,8 +494,13 @@ impl<B: SendBuf> State<B> {
             },
             (false, _) => SendKind::Copy,
         };
-        let flags = libc::MSG_NOSIGNAL | if self.merge { libc::MSG_WAITALL } else { 0 };
-        op.set(self.raw_fd(), kind, flags);
+        let flags = libc::MSG_NOSIGNAL
+            | if self.shape.merge() {
+                libc::MSG_WAITALL
+            } else {
+                0
+            };
+        op.set(self.seat.raw_fd(), kind, flags);
         op.meta = Req {
             zc,
             charged: zc && fixed.is_none(),
@@ -669,11 +510,11 @@ impl<B: SendBuf> State<B> {
             copied: false,
             resubmits,
         };
-        match ring.push(self.owner, 0, op) {
+        match ring.push(self.seat.owner, 0, op) {
             Ok(()) => {
                 self.in_ring += 1;
                 self.stats.syscalls += 1;
-                self.no_place = false;
+                self.due.pushed();
                 Ok(())
             }
             Err(Refused {
@@ -682,8 +523,7 @@ impl<B: SendBuf> State<B> {
                 no_place,
             }) => {
                 // Never queued: the caller keeps the record and pushes it again later.
-                self.no_place = no_place;
-                self.owed |= !no_place;
+                self.due.refused(no_place);
                 let next = Next {
                     op,
                     zc: want_zc,
@@ -699,27 +539,25 @@ impl<B: SendBuf> State<B> {
     /// flight would make that wait endless. Every step runs even if one failed; the first error
     /// is returned, and what it held back is tried again at the next progress.
     fn kick(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        if self.left {
+        if self.seat.left {
             return Ok(());
         }
         self.reap(ring, out);
         let pushed = self.flush_pushes(ring);
         let issued = self.issue(ring, out);
-        let owed = std::mem::take(&mut self.owed);
+        let owed = self.due.take_owed();
         let submitted = if owed {
             ring.submit()
         } else {
             ring.submit_if_due(self.eager())
         };
-        if submitted.is_err() || (!self.to_push.is_empty() && !self.no_place) {
-            self.owed = true;
-        }
+        self.due.settle(submitted.is_err());
         pushed.and(issued).and(submitted)
     }
 
     /// Applies every completion this owner has on the ring.
     fn reap(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) {
-        let owner = self.owner;
+        let owner = self.seat.owner;
         ring.reap_with::<Op<B>>(owner, |cqe, lent| self.on_cqe(cqe, lent, out));
     }
 
@@ -757,46 +595,18 @@ impl<B: SendBuf> State<B> {
     fn on_first(&mut self, req: &mut Req, res: i32, out: &mut Vec<Released<B>>) {
         if req.charged && res > 0 {
             req.pinned = sysu::pin_charge(res as usize);
-            self.pinned += req.pinned;
-            self.pinning += 1;
+            self.budget.pin(req.pinned);
         }
-        let then = if res >= 0 {
-            let n = res as usize;
-            self.stats.bytes += n as u64;
-            if !self.merge || n >= req.len {
-                Then::Done // a datagram or a message goes whole
-            } else if n == 0 || self.closing {
-                Then::Fail(libc::EPIPE)
-            } else {
-                Then::Continue
-            }
-        } else {
-            let errno = -res;
-            if self.closing {
-                Then::Fail(errno)
-            } else if req.zc && errno == libc::ENOMEM {
-                // The zero-copy budget is full: ENOMEM, io_uring charges pinned pages to
-                // RLIMIT_MEMLOCK (not ENOBUFS: see the module docs).
-                self.stats.enobufs += 1;
-                Then::Budget
-            } else if errno == libc::ECANCELED && req.resubmits < MAX_RESUBMITS {
-                // The thread that submitted a parked request exited: the kernel cancelled it
-                // having sent nothing. The socket is fine; submit it again, from this thread.
-                Then::Resubmit
-            } else if errno == libc::EFAULT && req.resubmits == 0 {
-                // Some kernels report that cancel as EFAULT, which also means memory the kernel
-                // could not read (a truncated file mapping): submitted again once, from this
-                // thread, which is alive; a second EFAULT is the memory's, and final.
-                Then::Resubmit
-            } else {
-                Then::Fail(errno)
-            }
-        };
+        if res > 0 {
+            self.stats.bytes += res as u64;
+        }
+        let then = cqe::after_first(req, res, self.shape.merge(), self.closing);
         req.first = Some((res, then));
         match then {
-            Then::Done if self.ordered => self.busy = false,
+            Then::Budget => self.stats.enobufs += 1,
+            Then::Done if self.shape.ordered() => self.head.went(),
             // After a failed stream send nothing more may go out.
-            Then::Fail(errno) if self.ordered => self.break_stream(errno, out),
+            Then::Fail(errno) if self.shape.ordered() => self.break_stream(errno, out),
             _ => {}
         }
     }
@@ -804,82 +614,45 @@ impl<B: SendBuf> State<B> {
     /// A request's last CQE: its record is back. Release it, or push what follows.
     fn on_last(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
         let req = op.meta;
-        if req.pinned > 0 {
-            self.pinned -= req.pinned;
-            self.pinning -= 1;
-            if !self.closing {
-                // Pinned pages came back: retry what the budget refused (never on a refused
-                // request's own completion, which pinned nothing).
-                self.to_push.extend(self.deferred.drain(..));
-            }
+        if self.budget.unpin(req.pinned) && !self.closing {
+            // Pinned pages came back: retry what the budget refused.
+            self.due.to_push.extend(self.budget.drain());
         }
-        // The ring awaits a first CQE before it calls a request finished.
-        let (res, then) = req.first.unwrap_or((-libc::EIO, Then::Fail(libc::EIO)));
-        let rec = op.record_mut();
+        let (res, then) = cqe::at_last(req.first, self.closing);
+        let rec = op.payload_mut();
         rec.kernel_copied |= req.copied;
-        if res >= 0 {
-            rec.sent += res as usize;
-            if !self.merge {
-                rec.sent = rec.total;
-            }
-        }
-        let then = match then {
-            Then::Continue | Then::Budget | Then::Resubmit if self.closing => {
-                Then::Fail(if res >= 0 { libc::EPIPE } else { -res })
-            }
-            then => then,
+        rec.sent = cqe::sent_after(rec.sent, rec.total, res, self.shape.merge());
+        let mut next = Next {
+            op,
+            zc: req.zc,
+            resubmits: req.resubmits,
         };
         match then {
-            Then::Done => self.release(op, out),
+            Then::Done => self.release(next.op, out),
             Then::Fail(errno) => {
-                rec.error = Some(io::Error::from_raw_os_error(errno));
-                self.release(op, out);
+                next.op.payload_mut().error = Some(io::Error::from_raw_os_error(errno));
+                self.release(next.op, out);
             }
-            Then::Continue => self.to_push.push_back(Next {
-                op,
-                zc: req.zc,
-                resubmits: 0,
-            }),
-            Then::Resubmit => self.to_push.push_back(Next {
-                op,
-                zc: req.zc,
-                resubmits: req.resubmits + 1,
-            }),
-            Then::Budget if self.auto.is_some() => {
-                let auto = self.auto.as_mut().expect("checked");
-                auto.on_refusal();
-                let copy = auto.at_cap() == AtCap::Copy;
-                let mut next = Next {
-                    op,
-                    zc: true,
-                    resubmits: req.resubmits,
-                };
-                if copy || self.pinned == 0 {
-                    // `auto` copies for a while rather than wait on the budget.
-                    next.op.record_mut().copy_for(CopyReason::Budget);
-                    next.zc = false;
-                    self.to_push.push_back(next);
-                } else {
-                    self.deferred.push(next);
-                }
+            Then::Continue => {
+                next.resubmits = 0;
+                self.due.to_push.push_back(next);
+            }
+            Then::Resubmit => {
+                next.resubmits += 1;
+                self.due.to_push.push_back(next);
             }
             Then::Budget => {
-                // Wait for this sender's pinned pages if they would make room; else copy.
-                let refusal = Refusal {
-                    freed: false,
-                    may_free: sysu::pin_charge(rec.left()) <= self.pinned,
-                };
-                let mut next = Next {
-                    op,
-                    zc: true,
-                    resubmits: req.resubmits,
-                };
-                match policy::on_budget_refusal(refusal) {
-                    BudgetAction::Wait => self.deferred.push(next),
-                    BudgetAction::Copy | BudgetAction::Retry => {
-                        next.op.record_mut().copy_for(CopyReason::Fallback);
+                let at_cap = self.auto.as_mut().map(|auto| {
+                    auto.on_refusal();
+                    auto.at_cap()
+                });
+                let charge = sysu::pin_charge(next.op.payload().left());
+                match cqe::on_budget(at_cap, self.budget.pinned().0, charge) {
+                    OnBudget::Wait => self.budget.defer(next),
+                    OnBudget::Copy(reason) => {
+                        next.op.payload_mut().copy_for(reason);
                         next.zc = false;
-                        self.to_push.push_back(next);
+                        self.due.to_push.push_back(next);
                     }
                 }
             }
@@ -888,12 +661,13 @@ impl<B: SendBuf> State<B> {
 
     /// Gives a record back with its report, and keeps its request's box for the next one.
     fn release(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
-        let rec = op.record();
+        let rec = op.payload();
         self.held -= rec.bufs.len();
         if let (Some(auto), Some((copied, probe))) = (&mut self.auto, rec.outcome()) {
             auto.observe(copied, probe, rec.bufs.len() as u32);
         }
-        op.release(self.zc, &mut self.stats, out);
+        op.payload_mut()
+            .release_in_place(self.zc, &mut self.stats, out);
         if self.spare.len() < self.cfg.entries as usize {
             self.spare.push(op);
         }
@@ -902,8 +676,7 @@ impl<B: SendBuf> State<B> {
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued
     /// buffer comes back with the error.
     fn break_stream(&mut self, errno: i32, out: &mut Vec<Released<B>>) {
-        self.busy = false;
-        self.broken = Some(errno);
+        self.head.break_with(errno);
         while let Some((buf, dest)) = self.queue.pop_front() {
             self.held -= 1;
             let mut rec = Record::new(buf, dest, None);
@@ -917,14 +690,14 @@ impl<B: SendBuf> State<B> {
     /// until the SQ is empty. If that fails, an SQE may still name the descriptor: it is leaked,
     /// never closed. A cancel that finds no room is tried again once the SQ drained.
     fn withdraw(&mut self, ring: &mut Ring) {
-        let (owner, fd) = (self.owner, self.raw_fd());
+        let (owner, fd) = (self.seat.owner, self.seat.raw_fd());
         let mut cancel = self.in_ring > 0;
         for _ in 0..2 {
             if cancel && matches!(ring.push_cancel(owner, fd), Ok(true)) {
                 cancel = false;
             }
             if ring.submit_all().is_err() {
-                self.leak_fd = true;
+                self.seat.leak_fd = true;
                 return;
             }
             if !cancel {
@@ -935,7 +708,7 @@ impl<B: SendBuf> State<B> {
 
     /// See [`Engine::shutdown`]: returns how many buffers the ring keeps.
     fn shutdown(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> usize {
-        if self.left {
+        if self.seat.left {
             return 0;
         }
         let errno = libc::EPIPE;
@@ -944,12 +717,13 @@ impl<B: SendBuf> State<B> {
         // Records waiting for a push or for the budget have nothing in the kernel: give them back
         // with the error.
         let waiting: Vec<Next<B>> = self
+            .due
             .to_push
             .drain(..)
-            .chain(self.deferred.drain(..))
+            .chain(self.budget.drain())
             .collect();
         for Next { mut op, .. } in waiting {
-            op.record_mut()
+            op.payload_mut()
                 .error
                 .get_or_insert_with(|| io::Error::from_raw_os_error(errno));
             self.release(op, out);
@@ -962,8 +736,8 @@ impl<B: SendBuf> State<B> {
         // them) their iovecs, msghdr and destination. Leaving hands them to the ring, which frees
         // them after their last CQE (or leaks them if it is dropped first), never earlier.
         let kept = self.held;
-        ring.leave(self.owner);
-        self.left = true;
+        ring.leave(self.seat.owner);
+        self.seat.left = true;
         self.in_ring = 0;
         self.held = 0;
         kept
@@ -972,13 +746,13 @@ impl<B: SendBuf> State<B> {
 
 impl<B> Drop for UringEngine<B> {
     fn drop(&mut self) {
-        if !self.st.left {
-            self.ring.get().leave(self.st.owner);
+        if !self.st.seat.left {
+            self.ring.get().leave(self.st.seat.owner);
         }
-        if self.st.leak_fd {
+        if self.st.seat.leak_fd {
             // An SQE that names this number may still be in the SQ: never let the number be
             // reused.
-            std::mem::forget(self.st.fd.take());
+            std::mem::forget(self.st.seat.fd.take());
         }
         // Records still in the kernel's hands are freed after their last CQE, never before.
         self.ring.release();
@@ -994,7 +768,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
         let (mut ring, st) = self.split();
-        if let Some(errno) = st.broken {
+        if let Some(errno) = st.head.broken() {
             return Err(SendError::Io {
                 buf,
                 error: io::Error::from_raw_os_error(errno),
@@ -1016,7 +790,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             // Nothing queued before it: form its request at once, as `issue` would after
             // queueing it (no trip through the queue).
             let region = st.fixed_region(&ring);
-            let (zc, merge) = (st.zc, st.merge);
+            let (zc, merge) = (st.zc, st.shape.merge());
             let fixed = zc && fixed_index(region, merge, &buf).is_some();
             st.form(&mut ring, region, (buf, dest), zc, fixed, None, None)
                 .map(drop)
@@ -1027,7 +801,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         let res = res.and_then(|()| ring.submit_if_due(st.eager()));
         // The buffer is queued either way; the next progress enters again and reports a failure.
         if res.is_err() {
-            st.owed = true;
+            st.due.owe();
         }
         Ok(())
     }
@@ -1041,7 +815,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        if !self.st.merge {
+        if !self.st.shape.merge() {
             return send_each(bufs, |buf| self.try_send(sock, buf, None, out));
         }
         let (mut ring, st) = self.split();
@@ -1051,7 +825,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             // `send_front` refuses an empty buffer; a broken stream refuses the rest, and a full
             // queue hands the buffer back.
             let queued = send_front(bufs, |buf| {
-                if let Some(errno) = st.broken {
+                if let Some(errno) = st.head.broken() {
                     let error = io::Error::from_raw_os_error(errno);
                     return Err(SendError::Io { buf, error });
                 }
@@ -1069,7 +843,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
                 Ok(false) => {
                     // The queue is full: reap and issue, and take more if that made room.
                     if let Err(error) = st.kick(&mut ring, out) {
-                        st.owed = true;
+                        st.due.owe();
                         let buf = bufs.pop_front().expect("handed back");
                         failed = Some(SendError::Io { buf, error });
                         break;
@@ -1091,7 +865,7 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
             .and_then(|()| ring.submit_if_due(st.eager()))
             .is_err()
         {
-            st.owed = true;
+            st.due.owe();
         }
         match failed {
             Some(e) => Err(e),
@@ -1115,11 +889,11 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         let failed = ring.submit().is_err();
         let fd = ring.fd();
         drop(ring);
-        if failed || st.owed {
+        if failed || st.due.is_owed() {
             // Something could not be submitted or pushed: the next progress must try again (and
             // report a failure), so the wait must end at once. A ring's fd is writable while its
             // SQ has room, which a failed submit leaves as it was.
-            st.owed = true;
+            st.due.owe();
             return Readiness {
                 fd,
                 events: libc::POLLIN | libc::POLLOUT,
@@ -1137,13 +911,13 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
         // The batch's end: what it left in the SQ is entered now, even with a full batch before
         // it still in flight (no-op with the SQ empty); buffers waiting in `queue` for room go at
         // the next progress, as after `try_send`. A failure is the next progress's to report.
-        if !open && !st.left && ring.submit().is_err() {
-            st.owed = true;
+        if !open && !st.seat.left && ring.submit().is_err() {
+            st.due.owe();
         }
     }
 
     fn wait_slice(&self) -> Option<Duration> {
-        if self.st.owed {
+        if self.st.due.is_owed() {
             // Not even a full SQ may make the wait on POLLOUT endless.
             return Some(Duration::ZERO);
         }
@@ -1166,8 +940,8 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
 
     #[cfg(feature = "tokio")]
     fn shared_ring(&self) -> Option<(UringShared, u16)> {
-        let ring = self.ring.shared_handle().filter(|_| !self.st.left)?;
-        Some((ring, self.st.owner))
+        let ring = self.ring.shared_handle().filter(|_| !self.st.seat.left)?;
+        Some((ring, self.st.seat.owner))
     }
 
     fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
@@ -1200,9 +974,8 @@ mod tests {
 
     /// `auto` copies small buffers over loopback. With nothing of the stream in the kernel's
     /// hands, a batch of them goes in gathered `sendmsg(2)` calls, released before the call
-    /// returns, not as io_uring requests released only when a later progress reaps their CQEs
-    /// (the request path, before: 0.88x `copy` at 1400 B over TCP loopback). Every byte arrives
-    /// in order.
+    /// returns, not as io_uring requests released only when a later progress reaps their CQEs.
+    /// Every byte arrives in order.
     #[test]
     fn auto_writes_a_batch_of_small_copies_at_once() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -14,7 +14,7 @@ use crate::buf::BufPool;
 use crate::error::Error;
 use crate::sys::uring::{JoinRefused, Ring, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
-use super::uring::UringConfig;
+use super::config::UringConfig;
 
 /// A ring and the settings of every sender on it.
 pub(crate) struct SharedRing {
@@ -49,7 +49,9 @@ impl SharedRing {
             batch: cfg.batch.min(libc::UIO_MAXIOV as usize),
             ..cfg
         };
-        let ring = Ring::new(cfg.entries, cfg.batch, senders).map_err(|source| Error::Io {
+        let ring =
+            crate::sys::uring::new_ring(cfg.entries, cfg.batch, senders).map_err(|source| {
+                Error::Io {
             context: match source.raw_os_error() {
                 Some(libc::ENOMEM) => {
                     "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
@@ -58,7 +60,8 @@ impl SharedRing {
                 _ => "io_uring_setup",
             },
             source,
-        })?;
+        }
+            })?;
         Ok(Self {
             cfg,
             ring: Mutex::new(ring),
@@ -137,9 +140,8 @@ impl SharedRing {
 
 /// The ring a sender sends on: its own, or one shared through a [`UringShared`].
 ///
-/// A sender's own ring is never locked: an uncontended `Mutex` still costs two atomic
-/// read-modify-writes per lock, and the engine takes it per send and per reap (perf, `uring-zc-fixed`
-/// at 16 KiB into the black hole: `try_send` fell from 0.78% to 0.55% of samples without it).
+/// A sender's own ring is never locked: the engine reaches it per send and per reap, and an
+/// uncontended `Mutex` still costs two atomic read-modify-writes per lock (docs/fast-path.md).
 pub(crate) enum RingRef {
     /// The sender's own ring, reached through `&mut` only.
     Own(Box<SharedRing>),

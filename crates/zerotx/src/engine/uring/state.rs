@@ -1,0 +1,246 @@
+//! The records an io_uring engine's state is made of, each with its invariant in its doc
+//! comment. The engine (`engine.rs`) keeps one of each and decides the order of the steps; a
+//! record only keeps its own invariant.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::cqe::Req;
+use crate::engine::record::Record;
+use crate::socket::SockKind;
+use crate::sys::uring::SendOp;
+
+/// A request of this engine: a record and the engine's account of it.
+pub(super) type Op<B> = SendOp<Record<B>, Req>;
+
+/// A record due for its next request, in the box that request will use.
+pub(super) struct Next<B> {
+    pub(super) op: Box<Op<B>>,
+    /// Goes zero-copy if it can (else by copy: the `uring` engine, or a fallback).
+    pub(super) zc: bool,
+    pub(super) resubmits: u32,
+}
+
+/// The sender's place on its ring. `owner` names it there until `left`; after that nothing of
+/// this sender is touched on the ring again. `fd` is the socket as the engine's own descriptor,
+/// which every SQE names: it is closed only once no SQE in the SQ can name it, and leaked
+/// (`leak_fd`) when that could not be made sure, so a number an SQE names is never reused
+/// under it. The caller may close or hand back their own descriptor at any time.
+pub(super) struct Seat {
+    pub(super) owner: u16,
+    pub(super) left: bool,
+    pub(super) fd: Option<OwnedFd>,
+    pub(super) leak_fd: bool,
+}
+
+impl Seat {
+    pub(super) fn new(owner: u16, fd: OwnedFd) -> Self {
+        Self {
+            owner,
+            left: false,
+            fd: Some(fd),
+            leak_fd: false,
+        }
+    }
+
+    /// The descriptor SQEs name (`-1` only after the engine let go of it).
+    pub(super) fn raw_fd(&self) -> i32 {
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+}
+
+/// How the socket's sends must be ordered, fixed when the engine is built. A datagram socket
+/// has many requests in flight, one per buffer; every other socket one request at a time (two
+/// in flight can reorder a connection); a byte stream's request carries several buffers with
+/// `MSG_WAITALL` and a short result is continued, a message socket's one message, never merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// UDP and other datagram sockets.
+    Datagram,
+    /// SEQPACKET and SCTP: ordered, one message per request.
+    Message,
+    /// TCP, AF_UNIX and vsock streams: ordered, buffers merged into one request.
+    ByteStream,
+}
+
+impl Shape {
+    pub(super) fn of(kind: SockKind) -> Self {
+        if kind.is_byte_stream() {
+            Self::ByteStream
+        } else if kind.is_ordered() {
+            Self::Message
+        } else {
+            Self::Datagram
+        }
+    }
+
+    /// One request in flight at a time.
+    pub(super) fn ordered(self) -> bool {
+        self != Self::Datagram
+    }
+
+    /// Several buffers per request, `MSG_WAITALL`, short results continued.
+    pub(super) fn merge(self) -> bool {
+        self == Self::ByteStream
+    }
+}
+
+/// The head of an ordered socket's stream. `busy`: its one request is out, or waiting in
+/// [`Due`] to be pushed; no other request may form until its first CQE says it went whole.
+/// `broken`: a send failed with this errno, and nothing more may go out (it would leave a gap):
+/// every buffer after it comes back with the error. A datagram socket's head stays idle.
+#[derive(Debug, Default)]
+pub(super) struct Head {
+    busy: bool,
+    broken: Option<i32>,
+}
+
+impl Head {
+    /// A request of an ordered socket formed: it has the stream until it went whole.
+    pub(super) fn take(&mut self) {
+        self.busy = true;
+    }
+
+    /// The request went whole: the next may form.
+    pub(super) fn went(&mut self) {
+        self.busy = false;
+    }
+
+    /// A send failed with `errno`: the stream ends here.
+    pub(super) fn break_with(&mut self, errno: i32) {
+        self.busy = false;
+        self.broken = Some(errno);
+    }
+
+    /// A request of the stream is out or due.
+    pub(super) fn busy(&self) -> bool {
+        self.busy
+    }
+
+    /// The errno that ended the stream, if one did.
+    pub(super) fn broken(&self) -> Option<i32> {
+        self.broken
+    }
+}
+
+/// What this sender owes the kernel. `to_push`: records whose next request is due, in stream
+/// order, pushed before any new record forms. `owed`: a push or an `io_uring_enter` failed, or a
+/// due request waits for the SQ, so the next progress must enter and no waiter may sleep; it is
+/// set only through [`owe`](Due::owe) and the push's answers, and cleared only by the progress
+/// that enters ([`take_owed`](Due::take_owed)). `no_place`: the front of `to_push` waits for room
+/// in the CQ (`Ring::has_room`), which a CQE read by anyone makes, not for the SQ: that wait
+/// owes nothing.
+pub(super) struct Due<B> {
+    pub(super) to_push: VecDeque<Next<B>>,
+    owed: bool,
+    no_place: bool,
+}
+
+impl<B> Default for Due<B> {
+    fn default() -> Self {
+        Self {
+            to_push: VecDeque::new(),
+            owed: false,
+            no_place: false,
+        }
+    }
+}
+
+impl<B> Due<B> {
+    /// A submit or a push failed, or its failure is left for the next progress to report.
+    pub(super) fn owe(&mut self) {
+        self.owed = true;
+    }
+
+    /// Whether the next progress must enter and a waiter must not sleep.
+    pub(super) fn is_owed(&self) -> bool {
+        self.owed
+    }
+
+    /// The progress that enters takes the debt.
+    pub(super) fn take_owed(&mut self) -> bool {
+        std::mem::take(&mut self.owed)
+    }
+
+    /// A request went into the SQ.
+    pub(super) fn pushed(&mut self) {
+        self.no_place = false;
+    }
+
+    /// The ring refused a request: for lack of CQ room (`no_place`, which owes nothing), or
+    /// because the SQ stayed full or the enter failed.
+    pub(super) fn refused(&mut self, no_place: bool) {
+        self.no_place = no_place;
+        self.owed |= !no_place;
+    }
+
+    /// After a progress entered: whether it leaves a debt (its submit failed, or requests wait
+    /// for the SQ rather than for CQ room).
+    pub(super) fn settle(&mut self, submit_failed: bool) {
+        if submit_failed || (!self.to_push.is_empty() && !self.no_place) {
+            self.owed = true;
+        }
+    }
+}
+
+/// The zero-copy budget as this sender sees it. `pinned` is the sum of `Req::pinned` over this
+/// sender's requests in the ring and `pinning` how many of them have pinned pages; both fall when
+/// those requests' last CQEs come. `deferred` holds records the budget refused, waiting for
+/// those pages: they go back to [`Due`] when a request with pinned pages finishes (never on a
+/// refused request's own completion, which pinned nothing). `pin_limit` is what zero-copy
+/// requests may pin at most (`RLIMIT_MEMLOCK` without `CAP_IPC_LOCK`).
+pub(super) struct Budget<B> {
+    pin_limit: Option<usize>,
+    pinned: usize,
+    pinning: usize,
+    deferred: Vec<Next<B>>,
+}
+
+impl<B> Budget<B> {
+    pub(super) fn new(pin_limit: Option<usize>) -> Self {
+        Self {
+            pin_limit,
+            pinned: 0,
+            pinning: 0,
+            deferred: Vec::new(),
+        }
+    }
+
+    /// What zero-copy requests may pin at most.
+    pub(super) fn pin_limit(&self) -> Option<usize> {
+        self.pin_limit
+    }
+
+    /// What this sender's requests pin now, and how many of them.
+    pub(super) fn pinned(&self) -> (usize, usize) {
+        (self.pinned, self.pinning)
+    }
+
+    /// A request's first CQE said it pinned `bytes`.
+    pub(super) fn pin(&mut self, bytes: usize) {
+        self.pinned += bytes;
+        self.pinning += 1;
+    }
+
+    /// A request that pinned `bytes` finished: true if pages came back (then the records that
+    /// waited for them may go again: [`drain`](Self::drain)).
+    pub(super) fn unpin(&mut self, bytes: usize) -> bool {
+        if bytes == 0 {
+            return false;
+        }
+        self.pinned -= bytes;
+        self.pinning -= 1;
+        true
+    }
+
+    /// A refused record waits for pinned pages.
+    pub(super) fn defer(&mut self, next: Next<B>) {
+        self.deferred.push(next);
+    }
+
+    /// Every record waiting for pinned pages: to push again after pages came back, or to give
+    /// back at shutdown.
+    pub(super) fn drain(&mut self) -> std::vec::Drain<'_, Next<B>> {
+        self.deferred.drain(..)
+    }
+}
