@@ -4,6 +4,11 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+mod explain;
+
+pub use explain::Explanation;
+pub(crate) use explain::{explain, AutoFacts, Note, COPY_ONLY, SENDMSG, URING};
+
 /// How a buffer's bytes left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SendPath {
@@ -156,39 +161,4 @@ pub struct Readiness {
     /// `POLLOUT` (blocked on room in the socket), `POLLIN` (a ring's completions) or 0 (only
     /// completions can help; `POLLERR` is implied).
     pub events: i16,
-}
-
-/// Why zero-copy is or is not engaged on a sender's socket: [`Sender::explain`](crate::Sender::explain).
-/// `Display` prints it as plain sentences.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Explanation {
-    /// The engine asked for.
-    pub engine: crate::EngineKind,
-    /// The system calls in use: `io_uring`, `sendmsg`, or `sendmsg (copy only)`.
-    pub path: &'static str,
-    /// Whether sends large enough go zero-copy now.
-    pub zerocopy: bool,
-    /// The reasons, one sentence each.
-    pub lines: Vec<String>,
-}
-
-impl std::fmt::Display for Explanation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "engine {} over {}: zero-copy {}",
-            self.engine,
-            self.path,
-            if self.zerocopy {
-                "engaged"
-            } else {
-                "not engaged"
-            }
-        )?;
-        for l in &self.lines {
-            writeln!(f, "  - {l}")?;
-        }
-        Ok(())
-    }
 }
