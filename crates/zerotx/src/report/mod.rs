@@ -63,8 +63,7 @@ pub struct Report {
 
 /// A buffer the kernel is done with, and how it went.
 // `repr(C)`, the buffer first: the engines write it into the caller's vector word for word as it
-// was read from the send queue. In Rust's own layout it sat after the report's one-byte path, and
-// the copy that moved it took the padding along, with loads that straddled earlier stores.
+// was read from the send queue, with no padding in front of it to carry along (docs/fast-path.md).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Released<B> {
