@@ -1,7 +1,8 @@
 //! Engines: the ways a buffer can leave, behind one trait.
 //!
 //! - [`EngineKind::Auto`] (the default): io_uring or `sendmsg(2)` per socket from what the kernel
-//!   offers, zero-copy or copy per send from what it reports ([`auto`], [`policy::auto`]).
+//!   offers (chosen once by the engine factory, `factory.rs`), zero-copy or copy per send from
+//!   what it reports ([`policy::auto`]).
 //! - [`EngineKind::Copy`]: `sendmsg(2)`, the kernel copies. Works on every socket kind.
 //! - [`EngineKind::MsgZerocopy`]: `sendmsg(MSG_ZEROCOPY)` with completions from the socket error
 //!   queue (TCP 4.14, UDP 5.0, vsock 6.7).
