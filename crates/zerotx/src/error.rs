@@ -4,8 +4,7 @@ use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
 
-use crate::engine::EngineKind;
-use crate::socket::SockKind;
+use crate::kind::{EngineKind, SockKind};
 
 /// A feature the kernel, this socket kind or this engine may lack ([`Error::Unsupported`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -58,9 +58,12 @@
 //! | `engine/sendmsg.rs`, `engine/copy.rs`, `engine/msg_zc/` | the `copy` and `msg-zc` engines (one type per socket shape), what they share (`engine/sendmsg_core.rs`), the error-queue reader (`engine/errqueue.rs`); each protocol's id rules in `engine/policy/sendmsg.rs` |
 //! | `engine/uring/` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
 //! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
-//! | `engine/auto.rs` | `auto`: which family (io_uring or `sendmsg`) a socket gets, and why |
+//! | `factory.rs` | the one engine factory: each engine built from a [`SenderConfig`]; `auto`: which family (io_uring or `sendmsg`) a socket gets, and why |
 //! | `engine/unfragmented.rs` | the path-MTU mode that keeps the kernel from fragmenting zero-copy datagrams |
 //! | `engine/policy/` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure; `policy/auto.rs`: `auto`'s per-send choice (thresholds, copied windows, probes, budget holds, caps), with property tests |
+//! | `kind.rs` | [`EngineKind`] and [`SockKind`]: plain data below everything that names them |
+//! | `config.rs` | [`SenderConfig`]: what the factory builds a sender from |
+//! | `report/` | what a sender reports: [`Report`], [`Stats`]; `report/explain.rs`: every sentence of [`Sender::explain`] |
 //! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
 //! | `cmsg.rs` | the error-queue decoder |
 //! | `sys/` | every system call and kernel ABI, and with `buf/` the only `unsafe` (tokio's reactor registration too); `sys/uring/`: the io_uring ring (`ring.rs`) and the requests that own their memory and build their SQEs (`op.rs`) |
@@ -85,8 +88,11 @@
 mod addr;
 mod buf;
 mod cmsg;
+mod config;
 mod engine;
 mod error;
+mod factory;
+mod kind;
 mod ledger;
 pub mod probe;
 mod report;
@@ -98,12 +104,13 @@ pub mod tokio;
 
 pub use addr::{Destination, VsockAddr};
 pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
-pub use engine::{AtCap, EngineKind, UringConfig, UringShared};
+pub use config::SenderConfig;
+pub use engine::{AtCap, UringConfig, UringShared};
 pub use error::{Error, Feature, SendError};
+pub use kind::{EngineKind, SockKind};
 pub use probe::probe;
 pub use report::{CopyReason, Explanation, Readiness, Released, Report, SendPath, Stats};
-pub use sender::{leaked_buffers, Closed, Sender, SenderConfig};
-pub use socket::SockKind;
+pub use sender::{leaked_buffers, Closed, Sender};
 
 /// Hooks for zerotx's own tests, fuzzers and benchmarks: not part of the API, may change at any
 /// time.

@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use crate::engine::EngineKind;
+use crate::kind::EngineKind;
 use crate::sender::Sender;
 use crate::sys::{self, uring};
 
@@ -74,7 +74,7 @@ pub struct ProbeReport {
     /// Transparent huge pages: `always`, `madvise` or `never` (the mode in
     /// `/sys/kernel/mm/transparent_hugepage/enabled`, or the 2 MiB size's own where it does not
     /// say `inherit`); `None` without them. Under `always` or
-    /// `madvise` a [`BufPool::huge`](crate::BufPool::huge) pool gets huge pages.
+    /// `madvise` a [`BufPool::huge`](crate::buf::BufPool::huge) pool gets huge pages.
     pub huge_pages: Option<String>,
     /// Loopback behaviour, measured.
     pub loopback: LoopbackCheck,
@@ -245,7 +245,7 @@ const THP_PMD_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/hugepages-204
 /// (6.8+) and it does not say `inherit`, else the machine's; `None` without transparent huge
 /// pages.
 ///
-/// [`BufPool::huge`]: crate::BufPool::huge
+/// [`BufPool::huge`]: crate::buf::BufPool::huge
 pub fn huge_page_mode() -> Option<String> {
     let read = |path| {
         std::fs::read_to_string(path)

@@ -13,12 +13,13 @@ use socket2::SockAddr;
 use crate::addr::{Destination, VsockAddr};
 use crate::buf::BufPool;
 use crate::buf::SendBuf;
-use crate::engine::sendmsg;
-use crate::engine::uring::UringEngine;
-use crate::engine::{AtCap, Engine, EngineKind, UringConfig, UringShared, EMPTY_BUFFER};
-use crate::error::{Error, Feature, SendError};
-use crate::report::{Explanation, Readiness, Released, Stats};
-use crate::socket::{SockKind, SockType, Socket};
+pub(crate) use crate::config::SenderConfig;
+use crate::engine::{Engine, EMPTY_BUFFER};
+use crate::error::{Error, SendError};
+use crate::factory::{build, Built};
+use crate::kind::{EngineKind, SockKind, SockType};
+use crate::report::{explain, Explanation, Note, Readiness, Released, Stats};
+use crate::socket::Socket;
 use crate::sys;
 
 /// [`SendError::Invalid`]'s reason for a send without a destination on an unconnected socket.
@@ -29,7 +30,7 @@ static LEAKED: AtomicU64 = AtomicU64::new(0);
 
 /// Buffers kept, process-wide, because a sender was dropped or closed while the kernel could
 /// still read them. The io_uring engines drop them later, once the kernel's last completion for
-/// them arrives (see [`UringShared`](crate::UringShared)); `msg-zc`'s are never freed, since no
+/// them arrives (see [`UringShared`](crate::engine::UringShared)); `msg-zc`'s are never freed, since no
 /// completion for them is read after the close. The count only grows: non-zero means some peer
 /// did not let its data be released in time.
 pub fn leaked_buffers() -> u64 {
@@ -38,89 +39,6 @@ pub fn leaked_buffers() -> u64 {
 
 /// How long [`Drop`] waits for outstanding buffers before leaking them.
 const DROP_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// How to build a [`Sender`]: [`SenderConfig::new`], then the `with_` methods.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct SenderConfig {
-    /// The engine.
-    pub engine: EngineKind,
-    /// Ring and batching settings for the io_uring engines (of the sender's own ring; a shared
-    /// ring keeps the settings it was made with).
-    pub uring: UringConfig,
-    /// Submit through this shared ring instead of one of the sender's own, so one
-    /// `io_uring_enter` carries requests for many sockets (io_uring engines only).
-    pub ring: Option<UringShared>,
-    /// For `msg-zc` on a socket that already has `SO_ZEROCOPY` set: the id its next
-    /// `MSG_ZEROCOPY` send takes (the kernel counts from 0 per socket). `None` (the default)
-    /// refuses such a socket, since a wrong count releases buffers early. Set `Some(0)` for a
-    /// socket accepted from a listener that had `SO_ZEROCOPY` set (it inherits the flag, with a
-    /// fresh counter). `auto` sends such a socket by copy unless this is set.
-    pub zerocopy_first_id: Option<u32>,
-    /// `auto`: what a send does when the sender is at its zero-copy in-flight cap (derived from
-    /// `optmem_max` and `RLIMIT_MEMLOCK`) or the kernel just refused the budget: copy (the
-    /// default) or wait for completions.
-    pub at_cap: AtCap,
-    /// `auto`: may it use io_uring (the default where the kernel offers zero-copy requests that
-    /// report copies)? `false` keeps it on `sendmsg(2)`, e.g. where policy forbids io_uring.
-    pub auto_uring: bool,
-}
-
-impl Default for SenderConfig {
-    /// The `auto` engine with default settings.
-    fn default() -> Self {
-        Self::new(EngineKind::Auto)
-    }
-}
-
-impl SenderConfig {
-    /// `engine` with default settings.
-    pub fn new(engine: EngineKind) -> Self {
-        Self {
-            engine,
-            uring: UringConfig::default(),
-            ring: None,
-            zerocopy_first_id: None,
-            at_cap: AtCap::default(),
-            auto_uring: true,
-        }
-    }
-
-    /// `auto`: whether it may use io_uring (see [`auto_uring`](Self::auto_uring)).
-    pub fn with_auto_uring(mut self, allow: bool) -> Self {
-        self.auto_uring = allow;
-        self
-    }
-
-    /// `auto`: what a send does at the zero-copy in-flight cap (see [`AtCap`]).
-    pub fn with_at_cap(mut self, at_cap: AtCap) -> Self {
-        self.at_cap = at_cap;
-        self
-    }
-
-    /// `engine` on the shared `ring`.
-    pub fn shared(engine: EngineKind, ring: &UringShared) -> Self {
-        Self::new(engine).with_ring(ring)
-    }
-
-    /// Submits through the shared `ring` (io_uring engines only).
-    pub fn with_ring(mut self, ring: &UringShared) -> Self {
-        self.ring = Some(ring.clone());
-        self
-    }
-
-    /// Ring and batching settings for the sender's own ring.
-    pub fn with_uring(mut self, uring: UringConfig) -> Self {
-        self.uring = uring;
-        self
-    }
-
-    /// See [`zerocopy_first_id`](Self::zerocopy_first_id).
-    pub fn with_zerocopy_first_id(mut self, id: u32) -> Self {
-        self.zerocopy_first_id = Some(id);
-        self
-    }
-}
 
 /// What [`Sender::close`] gives back.
 #[derive(Debug)]
@@ -165,8 +83,8 @@ pub struct Closed<B> {
 ///   [`send`](Self::send), [`try_send`](Self::try_send) and [`send_batch`](Self::send_batch)
 ///   fails at once with that error ([`SendError::Io`], the buffer handed back), since anything
 ///   sent after a gap would corrupt the stream. Buffers accepted before the sender knew (the
-///   io_uring engines queue up to [`UringConfig::queue_limit`] in userspace) come back with the
-///   error in their reports.
+///   io_uring engines queue up to [`UringConfig::queue_limit`](crate::engine::UringConfig::queue_limit)
+///   in userspace) come back with the error in their reports.
 /// - [`flush`](Self::flush) fails with [`Error::Failed`] when a buffer released since the last
 ///   flush carried an error, once nothing is held any more; the next flush reports only newer
 ///   failures. A loop that sends and then flushes needs no look at each report to notice a
@@ -175,7 +93,7 @@ pub struct Closed<B> {
 /// A sender may move between threads. With the io_uring engines, a request that finds its
 /// socket full is retried by the kernel on the thread that submitted it; if that thread has
 /// exited, the kernel cancels it and the sender submits it again at its next progress (see
-/// [`UringShared`]), so no thread must outlive its requests.
+/// [`UringShared`](crate::engine::UringShared)), so no thread must outlive its requests.
 ///
 /// ```no_run
 /// use std::net::TcpStream;
@@ -195,9 +113,10 @@ pub struct Sender<B: SendBuf> {
     sock: Option<Socket>,
     engine: Box<dyn Engine<B>>,
     kind: EngineKind,
-    /// The system calls in use, and why, in plain words (for [`Sender::explain`]).
+    /// The system calls in use ([`Explanation::path`]), and the decisions that chose them and
+    /// were made since (for [`Sender::explain`]).
     path: &'static str,
-    notes: Vec<String>,
+    notes: Vec<Note>,
     ready: Vec<Released<B>>,
     /// The last send was handed back (`WouldBlock`): its caller will retry it when woken.
     handed_back: bool,
@@ -226,57 +145,16 @@ impl<B: SendBuf> Sender<B> {
 
     /// As [`new`](Self::new), with io_uring settings.
     pub fn with_config(fd: impl Into<OwnedFd>, cfg: SenderConfig) -> Result<Self, Error> {
-        let kind = cfg.engine;
         let sock = Socket::new(fd.into())?;
-        if cfg.ring.is_some()
-            && !matches!(
-                kind,
-                EngineKind::Uring | EngineKind::UringZc | EngineKind::Auto
-            )
-        {
-            return Err(Error::Unsupported {
-                feature: Feature::SharedRing(kind),
-                reason: "only the uring and uring-zc engines submit through a ring".into(),
-            });
-        }
-        let (engine, path, notes): (Box<dyn Engine<B>>, _, _) = match kind {
-            EngineKind::Auto => {
-                let built = crate::engine::auto::build(&sock, &cfg)?;
-                (built.engine, built.path, built.notes)
-            }
-            EngineKind::Copy => (
-                sendmsg::build(&sock, false, 0, None),
-                "sendmsg",
-                vec!["the copy engine was asked for".into()],
-            ),
-            EngineKind::MsgZerocopy => {
-                let first_id = sock.enable_zerocopy(cfg.zerocopy_first_id)?;
-                (
-                    sendmsg::build(&sock, true, first_id, None),
-                    "sendmsg",
-                    vec!["the msg-zc engine was asked for: every send asks for zero-copy".into()],
-                )
-            }
-            EngineKind::Uring => (
-                Box::new(UringEngine::new(
-                    &sock,
-                    false,
-                    cfg.uring,
-                    cfg.ring.as_ref(),
-                )?),
-                "io_uring",
-                vec!["the uring engine was asked for".into()],
-            ),
-            EngineKind::UringZc => (
-                Box::new(UringEngine::new(&sock, true, cfg.uring, cfg.ring.as_ref())?),
-                "io_uring",
-                vec!["the uring-zc engine was asked for: every send asks for zero-copy".into()],
-            ),
-        };
+        let Built {
+            engine,
+            path,
+            notes,
+        } = build(&sock, &cfg)?;
         Ok(Self {
             sock: Some(sock),
             engine,
-            kind,
+            kind: cfg.engine,
             path,
             notes,
             ready: Vec::new(),
@@ -338,24 +216,18 @@ impl<B: SendBuf> Sender<B> {
     /// [`Error::Config`] (io_uring would charge every send from it for its whole huge page),
     /// and `auto` sends its buffers as any other, whichever path it runs on, with a note in
     /// [`explain`](Self::explain). For the fastest sends from registered memory, register a
-    /// [`BufPool::new`] pool: `uring-zc-fixed` from it measured 1.21x `uring-zc` from a huge pool
-    /// into the black hole, at 16 KiB and 65000 B in the same run.
+    /// [`BufPool::new`] pool: its sends skip the page pinning that every send from a huge pool
+    /// pays.
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
         if pool.is_huge() && self.kind == EngineKind::Auto {
-            let note = "a pool on huge pages (BufPool::huge) was offered for registration: it is \
-                        not registered, and its buffers go as any other";
-            if !self.notes.iter().any(|n| n == note) {
-                self.notes.push(note.into());
+            if !self.notes.contains(&Note::HugePoolNotRegistered) {
+                self.notes.push(Note::HugePoolNotRegistered);
             }
             return Ok(());
         }
         match self.engine.register_pool(pool) {
             Err(Error::Unsupported { .. }) if self.kind == EngineKind::Auto => {
-                self.notes.push(
-                    "a pool was registered, but sendmsg(2) has no registered sends: its buffers \
-                     go as any other"
-                        .into(),
-                );
+                self.notes.push(Note::PoolWithoutRegisteredSends);
                 Ok(())
             }
             other => other,
@@ -367,84 +239,8 @@ impl<B: SendBuf> Sender<B> {
     /// (and when the next probe goes), the caps, and what the counters say so far.
     pub fn explain(&self) -> Explanation {
         let stats = self.stats();
-        let mut lines = self.notes.clone();
-        let mut zerocopy = self.kind.is_zerocopy() && self.path != "sendmsg (copy only)";
-        if let Some(p) = self.engine.auto_policy() {
-            let t = p.thresholds();
-            let (moves, start) = p.tuned();
-            let tuned = if moves > 0 {
-                format!("; tuned online {moves} times from the default {start}")
-            } else {
-                String::new()
-            };
-            lines.push(if t.user == t.registered {
-                format!("sends of {} bytes and more go zero-copy{tuned}", t.user)
-            } else {
-                format!(
-                    "sends of {} bytes and more go zero-copy ({} from a registered pool){tuned}",
-                    t.user, t.registered
-                )
-            });
-            let caps = p.caps();
-            if let Some(c) = caps.sends {
-                lines.push(format!(
-                    "at most {c} zero-copy sends in flight (half of optmem_max in completions)"
-                ));
-            }
-            if let Some(c) = caps.bytes {
-                lines.push(format!(
-                    "at most {c} bytes pinned by zero-copy sends (half of RLIMIT_MEMLOCK)"
-                ));
-            }
-            if caps.sends.is_some() || caps.bytes.is_some() {
-                lines.push(format!(
-                    "at a cap, or after the kernel refused the budget, sends {}",
-                    match p.at_cap() {
-                        AtCap::Wait => "wait for completions",
-                        _ => "are copied for a while",
-                    }
-                ));
-            }
-            if !p.reports_copies() {
-                lines.push("the kernel does not report copied sends here".into());
-            }
-            if let Some(n) = p.next_probe_in() {
-                zerocopy = false;
-                lines.push(format!(
-                    "zero-copy is OFF: most zero-copy sends came back copied by the kernel (the \
-                     peer is local, or the device cannot send from user pages); a probe goes \
-                     zero-copy in {n} sends, and zero-copy comes back when one is not copied"
-                ));
-            } else if stats.zerocopy > 0 {
-                lines.push("zero-copy is ON: the kernel sends from your buffers".into());
-            }
-        }
-        let sent = stats.zerocopy
-            + stats.kernel_copied
-            + stats.engine_copied
-            + stats.fallbacks
-            + stats.copied_small
-            + stats.copied_route
-            + stats.copied_budget;
-        if sent > 0 {
-            lines.push(format!(
-                "released so far: {} zero-copy, {} copied by the kernel, {} below the size, {} \
-                 while the route copied, {} for the budget, {} after ENOBUFS, {} by a copy engine",
-                stats.zerocopy,
-                stats.kernel_copied,
-                stats.copied_small,
-                stats.copied_route,
-                stats.copied_budget,
-                stats.fallbacks,
-                stats.engine_copied
-            ));
-        }
-        Explanation {
-            engine: self.kind,
-            path: self.path,
-            zerocopy,
-            lines,
-        }
+        let auto = self.engine.explain_facts();
+        explain(self.kind, self.path, &self.notes, auto, &stats)
     }
 
     /// The engine in use.
@@ -474,8 +270,8 @@ impl<B: SendBuf> Sender<B> {
         self.submit(buf, Some(dest.into().into()))
     }
 
-    // Inlined so that a caller passing `None` does not copy the 136 bytes of an
-    // `Option<SockAddr>` into the engine's call (measured: a memcpy per send).
+    // Inlined into each caller, so that a `None` destination is not copied (136 bytes of
+    // `Option<SockAddr>`) into the engine's call on every send (docs/fast-path.md).
     #[inline(always)]
     fn submit(&mut self, buf: B, dest: Option<SockAddr>) -> Result<(), SendError<B>> {
         let sock = self.sock();
@@ -559,7 +355,7 @@ impl<B: SendBuf> Sender<B> {
 
     /// The shared ring this sender's requests go to and its owner id there, while it is on one.
     #[cfg(feature = "tokio")]
-    pub(crate) fn shared_ring(&self) -> Option<(UringShared, u16)> {
+    pub(crate) fn shared_ring(&self) -> Option<(crate::engine::UringShared, u16)> {
         self.engine.shared_ring()
     }
 
@@ -635,12 +431,13 @@ impl<B: SendBuf> Sender<B> {
 
     /// Sends the buffers of `bufs` in order, front first, as [`send`](Self::send) sends each
     /// (waiting while the socket or the zero-copy budget is full). On a datagram socket the
-    /// io_uring engines enter the kernel once per full batch ([`UringConfig::batch`]) instead of
-    /// also at once for a send that finds nothing submitted in flight on the ring; what the last
-    /// batch left in the submission queue is entered before it returns (if `io_uring_enter`
-    /// fails, the next call reports it). Buffers beyond the ring's requests in flight
-    /// ([`UringConfig::entries`]) wait in the sender's queue for room, as with `send`: the next
-    /// `reap` or wait moves them. A stream keeps one request in flight, batched from the queue
+    /// io_uring engines enter the kernel once per full batch
+    /// ([`UringConfig::batch`](crate::engine::UringConfig::batch)) instead of also at once for a send
+    /// that finds nothing submitted in flight on the ring; what the last batch left in the
+    /// submission queue is entered before it returns (if `io_uring_enter` fails, the next call
+    /// reports it). Buffers beyond the ring's requests in flight
+    /// ([`UringConfig::entries`](crate::engine::UringConfig::entries)) wait in the sender's queue for
+    /// room, as with `send`: the next `reap` or wait moves them. A stream keeps one request in flight, batched from the queue
     /// (the whole batch enters the queue first, so the first request carries up to `batch`
     /// buffers). `copy` on a byte stream (TCP, AF_UNIX, vsock) writes up to 32 buffers per system
     /// call, their bytes in order, and so does `auto` with the buffers under 16 KiB it copies on

@@ -1,14 +1,15 @@
 //! Engines: the ways a buffer can leave, behind one trait.
 //!
 //! - [`EngineKind::Auto`] (the default): io_uring or `sendmsg(2)` per socket from what the kernel
-//!   offers, zero-copy or copy per send from what it reports ([`auto`], [`policy::auto`]).
+//!   offers (chosen once by the engine factory, `factory.rs`), zero-copy or copy per send from
+//!   what it reports ([`policy::auto`]).
 //! - [`EngineKind::Copy`]: `sendmsg(2)`, the kernel copies. Works on every socket kind.
 //! - [`EngineKind::MsgZerocopy`]: `sendmsg(MSG_ZEROCOPY)` with completions from the socket error
 //!   queue (TCP 4.14, UDP 5.0, vsock 6.7).
 //!
 //! - [`EngineKind::Uring`]: `IORING_OP_SENDMSG`, the copy path without a syscall per send.
 //! - [`EngineKind::UringZc`]: `IORING_OP_SENDMSG_ZC` / `IORING_OP_SEND_ZC` (6.1), from registered
-//!   buffers when the sender has a registered [`BufPool`](crate::BufPool).
+//!   buffers when the sender has a registered [`BufPool`](crate::buf::BufPool).
 //!
 //! The first two are `sendmsg(2)`: one type per engine and socket shape, built by
 //! [`sendmsg::build`]; the trait is shaped for asynchronous engines
@@ -16,6 +17,7 @@
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
 pub(crate) mod auto;
+pub(crate) mod clock;
 pub(crate) mod copy;
 pub(crate) mod errqueue;
 pub(crate) mod msg_zc;
@@ -29,90 +31,17 @@ pub(crate) mod uring;
 pub use policy::auto::AtCap;
 pub use uring::{UringConfig, UringShared};
 
+pub use crate::kind::EngineKind;
+
 use std::collections::VecDeque;
-use std::fmt;
 use std::io;
-use std::str::FromStr;
 
 use socket2::SockAddr;
 
 use crate::buf::{BufPool, SendBuf};
 use crate::error::{Error, SendError};
-use crate::report::{Readiness, Released, Stats};
+use crate::report::{AutoFacts, Readiness, Released, Stats};
 use crate::socket::Socket;
-
-/// Which engine a sender uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum EngineKind {
-    /// The default: zero-copy where and when it pays, decided per socket and per send from what
-    /// the kernel reports (size thresholds, completions that say the kernel copied, the zero-copy
-    /// budget). [`Sender::explain`](crate::Sender::explain) says what it chose and why.
-    #[default]
-    Auto,
-    /// Plain `sendmsg(2)`: the kernel copies.
-    Copy,
-    /// `sendmsg(MSG_ZEROCOPY)` and the socket error queue.
-    MsgZerocopy,
-    /// io_uring `SENDMSG`: the kernel copies, many sends per `io_uring_enter`.
-    Uring,
-    /// io_uring `SENDMSG_ZC` / `SEND_ZC` with notification CQEs; registered buffers when a pool is
-    /// registered.
-    UringZc,
-}
-
-impl EngineKind {
-    /// Every engine, in the order tables show them.
-    pub const ALL: &'static [EngineKind] = &[
-        EngineKind::Auto,
-        EngineKind::Copy,
-        EngineKind::MsgZerocopy,
-        EngineKind::Uring,
-        EngineKind::UringZc,
-    ];
-
-    /// The name the CLI and scripts use.
-    pub fn name(&self) -> &'static str {
-        match self {
-            EngineKind::Auto => "auto",
-            EngineKind::Copy => "copy",
-            EngineKind::MsgZerocopy => "msg-zc",
-            EngineKind::Uring => "uring",
-            EngineKind::UringZc => "uring-zc",
-        }
-    }
-
-    /// Whether the engine asks the kernel not to copy (`auto`: when it pays).
-    pub fn is_zerocopy(&self) -> bool {
-        matches!(
-            self,
-            EngineKind::Auto | EngineKind::MsgZerocopy | EngineKind::UringZc
-        )
-    }
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.name())
-    }
-}
-
-impl FromStr for EngineKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        EngineKind::ALL
-            .iter()
-            .copied()
-            .find(|k| k.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = EngineKind::ALL.iter().map(|k| k.name()).collect();
-                format!(
-                    "unknown engine {s:?}; expected one of: {}",
-                    names.join(", ")
-                )
-            })
-    }
-}
 
 /// [`SendError::Invalid`]'s reason for a buffer of no bytes.
 pub(crate) const EMPTY_BUFFER: &str = "zero-length buffer: there is nothing to send";
@@ -229,6 +158,12 @@ pub(crate) trait Engine<B: SendBuf>: Send {
         None
     }
 
+    /// What `auto`'s policy holds now, for [`Sender::explain`](crate::Sender::explain): read
+    /// from [`auto_policy`](Self::auto_policy), never overridden.
+    fn explain_facts(&self) -> Option<AutoFacts> {
+        self.auto_policy().map(auto_facts)
+    }
+
     /// Registers a pool's memory so its buffers send without per-send page pinning.
     fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error>;
 
@@ -241,4 +176,20 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// Puts back what the engine changed on `sock` (the path-MTU modes of a zero-copy datagram
     /// socket) before the caller gets it back; after [`shutdown`](Self::shutdown).
     fn give_back(&mut self, _sock: &Socket) {}
+}
+
+/// What `p` holds now, as the report explains it.
+fn auto_facts(p: &policy::auto::AutoPolicy) -> AutoFacts {
+    let thresholds = p.thresholds();
+    let caps = p.caps();
+    AutoFacts {
+        threshold: thresholds.user,
+        registered_threshold: thresholds.registered,
+        tuned: p.tuned(),
+        cap_sends: caps.sends,
+        cap_bytes: caps.bytes,
+        waits_at_cap: p.at_cap() == AtCap::Wait,
+        reports_copies: p.reports_copies(),
+        next_probe_in: p.next_probe_in(),
+    }
 }

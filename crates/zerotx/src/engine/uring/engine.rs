@@ -968,8 +968,8 @@ mod tests {
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
 
-    use crate::engine::auto;
-    use crate::sender::SenderConfig;
+    use crate::config::SenderConfig;
+    use crate::factory;
     use crate::socket::{SockKind, Socket};
 
     /// `auto` copies small buffers over loopback. With nothing of the stream in the kernel's
@@ -986,7 +986,7 @@ mod tests {
             .set_send_buffer_size(4 << 20)
             .unwrap();
         let sock = Socket::new(client.into()).unwrap();
-        let built = auto::build::<Vec<u8>>(&sock, &SenderConfig::default()).unwrap();
+        let built = factory::build::<Vec<u8>>(&sock, &SenderConfig::default()).unwrap();
         if !zerotx_testbed::require(
             built.path == "io_uring",
             &format!("auto chose {}: {:?}", built.path, built.notes),

@@ -4,6 +4,11 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+mod explain;
+
+pub use explain::Explanation;
+pub(crate) use explain::{explain, AutoFacts, Note, COPY_ONLY, SENDMSG, URING};
+
 /// How a buffer's bytes left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SendPath {
@@ -58,8 +63,7 @@ pub struct Report {
 
 /// A buffer the kernel is done with, and how it went.
 // `repr(C)`, the buffer first: the engines write it into the caller's vector word for word as it
-// was read from the send queue. In Rust's own layout it sat after the report's one-byte path, and
-// the copy that moved it took the padding along, with loads that straddled earlier stores.
+// was read from the send queue, with no padding in front of it to carry along (docs/fast-path.md).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Released<B> {
@@ -156,39 +160,4 @@ pub struct Readiness {
     /// `POLLOUT` (blocked on room in the socket), `POLLIN` (a ring's completions) or 0 (only
     /// completions can help; `POLLERR` is implied).
     pub events: i16,
-}
-
-/// Why zero-copy is or is not engaged on a sender's socket: [`Sender::explain`](crate::Sender::explain).
-/// `Display` prints it as plain sentences.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Explanation {
-    /// The engine asked for.
-    pub engine: crate::EngineKind,
-    /// The system calls in use: `io_uring`, `sendmsg`, or `sendmsg (copy only)`.
-    pub path: &'static str,
-    /// Whether sends large enough go zero-copy now.
-    pub zerocopy: bool,
-    /// The reasons, one sentence each.
-    pub lines: Vec<String>,
-}
-
-impl std::fmt::Display for Explanation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(
-            f,
-            "engine {} over {}: zero-copy {}",
-            self.engine,
-            self.path,
-            if self.zerocopy {
-                "engaged"
-            } else {
-                "not engaged"
-            }
-        )?;
-        for l in &self.lines {
-            writeln!(f, "  - {l}")?;
-        }
-        Ok(())
-    }
 }

@@ -1,0 +1,88 @@
+//! [`SenderConfig`]: what a sender is built from. The engine factory reads it once, when the
+//! sender is made.
+
+use crate::engine::{AtCap, UringConfig, UringShared};
+use crate::kind::EngineKind;
+
+/// How to build a [`Sender`](crate::Sender): [`SenderConfig::new`], then the `with_` methods.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SenderConfig {
+    /// The engine.
+    pub engine: EngineKind,
+    /// Ring and batching settings for the io_uring engines (of the sender's own ring; a shared
+    /// ring keeps the settings it was made with).
+    pub uring: UringConfig,
+    /// Submit through this shared ring instead of one of the sender's own, so one
+    /// `io_uring_enter` carries requests for many sockets (io_uring engines only).
+    pub ring: Option<UringShared>,
+    /// For `msg-zc` on a socket that already has `SO_ZEROCOPY` set: the id its next
+    /// `MSG_ZEROCOPY` send takes (the kernel counts from 0 per socket). `None` (the default)
+    /// refuses such a socket, since a wrong count releases buffers early. Set `Some(0)` for a
+    /// socket accepted from a listener that had `SO_ZEROCOPY` set (it inherits the flag, with a
+    /// fresh counter). `auto` sends such a socket by copy unless this is set.
+    pub zerocopy_first_id: Option<u32>,
+    /// `auto`: what a send does when the sender is at its zero-copy in-flight cap (derived from
+    /// `optmem_max` and `RLIMIT_MEMLOCK`) or the kernel just refused the budget: copy (the
+    /// default) or wait for completions.
+    pub at_cap: AtCap,
+    /// `auto`: may it use io_uring (the default where the kernel offers zero-copy requests that
+    /// report copies)? `false` keeps it on `sendmsg(2)`, e.g. where policy forbids io_uring.
+    pub auto_uring: bool,
+}
+
+impl Default for SenderConfig {
+    /// The `auto` engine with default settings.
+    fn default() -> Self {
+        Self::new(EngineKind::Auto)
+    }
+}
+
+impl SenderConfig {
+    /// `engine` with default settings.
+    pub fn new(engine: EngineKind) -> Self {
+        Self {
+            engine,
+            uring: UringConfig::default(),
+            ring: None,
+            zerocopy_first_id: None,
+            at_cap: AtCap::default(),
+            auto_uring: true,
+        }
+    }
+
+    /// `auto`: whether it may use io_uring (see [`auto_uring`](Self::auto_uring)).
+    pub fn with_auto_uring(mut self, allow: bool) -> Self {
+        self.auto_uring = allow;
+        self
+    }
+
+    /// `auto`: what a send does at the zero-copy in-flight cap (see [`AtCap`]).
+    pub fn with_at_cap(mut self, at_cap: AtCap) -> Self {
+        self.at_cap = at_cap;
+        self
+    }
+
+    /// `engine` on the shared `ring`.
+    pub fn shared(engine: EngineKind, ring: &UringShared) -> Self {
+        Self::new(engine).with_ring(ring)
+    }
+
+    /// Submits through the shared `ring` (io_uring engines only).
+    pub fn with_ring(mut self, ring: &UringShared) -> Self {
+        self.ring = Some(ring.clone());
+        self
+    }
+
+    /// Ring and batching settings for the sender's own ring.
+    pub fn with_uring(mut self, uring: UringConfig) -> Self {
+        self.uring = uring;
+        self
+    }
+
+    /// See [`zerocopy_first_id`](Self::zerocopy_first_id).
+    pub fn with_zerocopy_first_id(mut self, id: u32) -> Self {
+        self.zerocopy_first_id = Some(id);
+        self
+    }
+}
