@@ -13,7 +13,7 @@ use socket2::SockAddr;
 use crate::addr::{Destination, VsockAddr};
 use crate::buf::BufPool;
 use crate::buf::SendBuf;
-pub(crate) use crate::config::SenderConfig;
+use crate::config::SenderConfig;
 use crate::engine::{Engine, EMPTY_BUFFER};
 use crate::error::{Error, SendError};
 use crate::factory::{build, Built};

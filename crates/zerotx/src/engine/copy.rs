@@ -75,9 +75,14 @@ impl<B: SendBuf> CopyEngine<B> {
         let Some(slot) = self.core.head else { return };
         let core = &mut self.core;
         let rec = core.ledger.item_mut(slot);
-        let written = send_copied(&mut core.stats, &mut core.frag, core.stream, sock, rec);
         // Out of line (called from `send_one` and `progress`): its return comes before theirs.
-        sys::refill_return_stack();
+        let written = sys::fenced!(send_copied(
+            &mut core.stats,
+            &mut core.frag,
+            core.stream,
+            sock,
+            rec
+        ));
         let written = written.map(|all| if all { Wait::Nothing } else { Wait::Writable });
         core.head_written(slot, written, out);
     }
@@ -237,9 +242,7 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        let sent = self.send_one(sock, buf, dest, out);
-        sys::refill_return_stack();
-        sent
+        sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
     fn try_send_batch(
@@ -248,9 +251,7 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        let taken = self.send_batch_now(sock, bufs, out);
-        sys::refill_return_stack();
-        taken
+        sys::fenced!(self.send_batch_now(sock, bufs, out))
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {

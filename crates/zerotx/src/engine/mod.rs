@@ -16,7 +16,6 @@
 //! too: an engine may keep buffers queued in userspace, completes them from [`Engine::progress`],
 //! and names the descriptor to wait on in [`Engine::readiness`].
 
-pub(crate) mod auto;
 pub(crate) mod clock;
 pub(crate) mod copy;
 pub(crate) mod errqueue;

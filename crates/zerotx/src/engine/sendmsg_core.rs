@@ -275,9 +275,14 @@ impl<B: SendBuf> SendmsgCore<B> {
         let mut rec = Record::new(buf, dest, started);
         rec.copy = reason;
         rec.sent = sent;
-        let sent = send_copied(&mut self.stats, &mut self.frag, self.stream, sock, &mut rec);
         // Out of line: its return comes before its caller's fill.
-        crate::sys::refill_return_stack();
+        let sent = crate::sys::fenced!(send_copied(
+            &mut self.stats,
+            &mut self.frag,
+            self.stream,
+            sock,
+            &mut rec
+        ));
         match sent {
             Ok(true) => {
                 self.waiting = Wait::Nothing;

@@ -273,9 +273,6 @@ pub fn refill_return_stack() {
 /// path, before the returns up to the caller's loop; not inside a loop of calls (one fill after
 /// the loop is enough), and not after calls whose caller returns at once anyway to another
 /// fenced call (docs/fast-path.md, "The return-stack fill").
-// The engines still call `refill_return_stack` by hand; they move onto this one by one, and the
-// allowance goes with the last of them.
-#[cfg_attr(not(test), allow(unused_macros))]
 macro_rules! fenced {
     ($call:expr) => {{
         let value = $call;
@@ -283,7 +280,6 @@ macro_rules! fenced {
         value
     }};
 }
-#[allow(unused_imports)]
 pub(crate) use fenced;
 
 /// The fill of [`refill_return_stack`], wherever it runs.

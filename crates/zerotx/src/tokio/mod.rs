@@ -91,10 +91,11 @@ use ::tokio::time::Instant;
 
 use crate::addr::Destination;
 use crate::buf::SendBuf;
+use crate::config::SenderConfig;
 use crate::engine::EngineKind;
 use crate::error::{Error, SendError};
 use crate::report::{Released, Stats};
-use crate::sender::{Closed, Sender, SenderConfig};
+use crate::sender::{Closed, Sender};
 use crate::socket::SockKind;
 
 use driver::{Leave, Shared, Waker};

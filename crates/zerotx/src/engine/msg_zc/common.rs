@@ -7,7 +7,7 @@ use std::io;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
-use crate::engine::auto::EpochClock;
+use crate::engine::clock::EpochClock;
 use crate::engine::policy::auto::{AtCap, Choice, Load};
 use crate::engine::policy::sendmsg::{self as rules, CallId, IdRule, ZcFailure, ZcNext};
 use crate::engine::policy::{self, BudgetAction, Refusal};

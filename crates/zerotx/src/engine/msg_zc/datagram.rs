@@ -12,7 +12,7 @@ use std::time::Instant;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
-use crate::engine::auto::EpochClock;
+use crate::engine::clock::EpochClock;
 use crate::engine::msg_zc::common;
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::policy::sendmsg::IdRule;
@@ -186,9 +186,7 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        let sent = self.send_one(sock, buf, dest, out);
-        sys::refill_return_stack();
-        sent
+        sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
     fn try_send_batch(
@@ -197,13 +195,11 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        let taken = if self.core.settle.auto.is_none() {
+        sys::fenced!(if self.core.settle.auto.is_none() {
             self.send_plain(sock, bufs, out)
         } else {
             send_each(bufs, |buf| self.send_one(sock, buf, None, out))
-        };
-        sys::refill_return_stack();
-        taken
+        })
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {

@@ -10,7 +10,7 @@ use std::io;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
-use crate::engine::auto::EpochClock;
+use crate::engine::clock::EpochClock;
 use crate::engine::msg_zc::common;
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::policy::sendmsg::{self as rules, IdRule};
@@ -68,9 +68,8 @@ impl<B: SendBuf> MsgZcStream<B> {
 
     fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
         let Some(slot) = self.core.head else { return };
-        let written = common::write(&mut self.core, self.rule, sock, slot, out);
         // Out of line (called from `send_one` and `progress`): its return comes before theirs.
-        sys::refill_return_stack();
+        let written = sys::fenced!(common::write(&mut self.core, self.rule, sock, slot, out));
         self.core.head_written(slot, written, out);
     }
 }
@@ -83,9 +82,7 @@ impl<B: SendBuf> Engine<B> for MsgZcStream<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        let sent = self.send_one(sock, buf, dest, out);
-        sys::refill_return_stack();
-        sent
+        sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
     fn try_send_batch(
@@ -96,9 +93,7 @@ impl<B: SendBuf> Engine<B> for MsgZcStream<B> {
     ) -> Result<usize, SendError<B>> {
         // One call per buffer: one id per buffer lets each come back as soon as its own pages
         // are free.
-        let taken = send_each(bufs, |buf| self.send_one(sock, buf, None, out));
-        sys::refill_return_stack();
-        taken
+        sys::fenced!(send_each(bufs, |buf| self.send_one(sock, buf, None, out)))
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {

@@ -14,7 +14,7 @@ use super::shared::{RingGuard, RingRef, UringShared};
 use super::state::{Budget, Due, Head, Next, Op, Seat, Shape};
 
 use crate::buf::{BufPool, SendBuf};
-use crate::engine::auto::EpochClock;
+use crate::engine::clock::EpochClock;
 use crate::engine::policy;
 use crate::engine::policy::auto::{AutoPolicy, Choice, Load};
 use crate::engine::record::{LatencySampler, Record};
@@ -381,9 +381,8 @@ impl<B: SendBuf> State<B> {
         // One clock read before the call, if any of these buffers is one the sampler times.
         let now = self.latency.due_within(n).then(Instant::now);
         self.stats.syscalls += 1;
-        let result = sys::send_gather(fd.as_fd(), &slices);
         // The returns up to the caller's loop, past `issue` and the engine call, come next.
-        sys::refill_return_stack();
+        let result = sys::fenced!(sys::send_gather(fd.as_fd(), &slices));
         drop(slices);
         let mut taken = match result {
             Ok(taken) => taken,

@@ -538,7 +538,7 @@ impl Ring {
         if let Some(e) = super::take_failed_enter() {
             return Err(e);
         }
-        let entered = crate::sys::retry(|| {
+        let entered = crate::sys::fenced!(crate::sys::retry(|| {
             let (pending, flags) = {
                 let sq = self.ring.submission();
                 let getevents = sq.cq_overflow() || sq.taskrun();
@@ -560,8 +560,7 @@ impl Ring {
             }
             .map(|n| n as usize)
             .map_err(|e| io::Error::from_raw_os_error(e.raw_os_error()))
-        });
-        crate::sys::refill_return_stack();
+        }));
         entered
     }
 
