@@ -97,7 +97,7 @@ mod sys;
 pub mod tokio;
 
 pub use addr::{Destination, VsockAddr};
-pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
+pub use buf::{map_sealed, BufPool, PoolBufMut, PooledBuf, SendBuf};
 pub use engine::{AtCap, EngineKind, UringConfig, UringShared};
 pub use error::{Error, Feature, SendError};
 pub use probe::probe;
