@@ -192,3 +192,46 @@ fn split_tcp_reads_and_sends_on_one_connection() {
         );
     }
 }
+
+/// A client that resets mid-stream shows where a server on the thread's ring looks: `send` or
+/// `flush` fails with the reset (the rule of the blocking `Sender`), on every engine.
+#[test]
+fn a_reset_client_shows_in_send_or_flush_on_the_thread_ring() {
+    let rt = current_thread();
+    for &kind in util::engines() {
+        let peer = Peer {
+            reset_after: Some(200 << 10),
+            rcvbuf: Some(64 << 10),
+            pause: Duration::from_millis(1),
+            ..Peer::default()
+        };
+        let (client, reader) = tcp_pair(false, peer);
+        rt.block_on(async {
+            client.set_nonblocking(true).unwrap();
+            let stream = tokio::net::TcpStream::from_std(client).unwrap();
+            let tx = AsyncSender::<Bytes>::from_tcp(stream, kind).expect("sender");
+            let object = Bytes::from(vec![9u8; 256 << 10]);
+            let seen = tokio::time::timeout(Duration::from_secs(20), async {
+                loop {
+                    if let Err(e) = tx.send(object.clone()).await {
+                        return std::io::Error::from(e);
+                    }
+                    match tx.flush(Duration::from_millis(200)).await {
+                        Err(zerotx::Error::Failed { source, .. }) => return source,
+                        Err(zerotx::Error::Io { source, .. }) => return source,
+                        _ => {}
+                    }
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("{kind}: the reset never showed in send or flush"));
+            assert!(
+                matches!(seen.raw_os_error(), Some(libc::ECONNRESET | libc::EPIPE)),
+                "{kind}: {seen}"
+            );
+            let _ = tx.flush(Duration::from_secs(5)).await;
+            assert_eq!(tx.close(Duration::from_secs(5)).await.kept, 0, "{kind}");
+        });
+        reader.join().unwrap();
+    }
+}
