@@ -379,6 +379,9 @@ async fn udp_cell(
                     i += 1;
                 }
                 tx.drain_released(&mut done).map_err(e)?;
+                if let Some(err) = done.iter().find_map(|r| r.report.error.as_ref()) {
+                    return Err(format!("a datagram failed: {err}"));
+                }
                 released += done.len() as u64;
                 zc += done.iter().filter(|r| r.report.path.is_zerocopy()).count() as u64;
                 done.clear();
@@ -387,6 +390,9 @@ async fn udp_cell(
                 .await
                 .map_err(|e| e.to_string())?;
             let closed = tx.close(Duration::from_secs(1)).await;
+            if let Some(err) = closed.released.iter().find_map(|r| r.report.error.as_ref()) {
+                return Err(format!("a datagram failed: {err}"));
+            }
             released += closed.released.len() as u64;
             zc += closed
                 .released

@@ -59,6 +59,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             for r in done.drain(..) {
+                if let Some(e) = r.report.error {
+                    return Err(format!("{kind}: a send failed: {e}").into());
+                }
                 match r.report.path {
                     SendPath::ZeroCopy => zerocopy += 1,
                     SendPath::Copied(_) => copied += 1,
@@ -67,7 +70,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let secs = start.elapsed().as_secs_f64();
-        drop(tx.close(Duration::from_secs(5)));
+        let closed = tx.close(Duration::from_secs(5));
+        if closed.kept > 0 {
+            return Err(format!("{kind}: {} buffers still held by the kernel", closed.kept).into());
+        }
         let received = sink.join().expect("sink");
         println!(
             "{kind:>8}: {:.0} MB/s, {received} bytes received, {zerocopy} buffers sent zero-copy, \

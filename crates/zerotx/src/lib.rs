@@ -1,9 +1,107 @@
 //! # zerotx: zero-copy socket transmit for Linux
 //!
 //! Linux can send socket data straight from a program's memory and tell the program later when
-//! it may reuse that memory. zerotx puts the kernel's zero-copy paths behind one [`Sender`] that
-//! takes owned, immutable buffers ([`SendBuf`]) and gives each back only after the kernel
-//! released it, with a [`Report`]: bytes sent, and whether the kernel really skipped the copy.
+//! it may reuse that memory. zerotx puts the kernel's zero-copy paths (`MSG_ZEROCOPY`, io_uring
+//! `SEND_ZC`) behind one [`Sender`], and promises:
+//!
+//! - **Your buffer comes back only after the kernel let go of it.** A [`Sender`] takes owned,
+//!   immutable buffers ([`SendBuf`]) and hands each back with a [`Report`]: bytes sent, whether
+//!   the kernel really skipped the copy (and if not, why), and the error if the send failed. No
+//!   path (an error, a timeout, a close) frees memory the kernel may still read: what it still
+//!   holds at a close is kept and counted ([`Closed::kept`]), never handed back early.
+//! - **Zero-copy only where it pays.** The default engine, [`EngineKind::Auto`], runs on any
+//!   kernel and socket, copies small sends and routes that come back copied, and tells why in
+//!   plain words ([`Sender::explain`]).
+//! - **Failures show where you look.** Once a buffer of a stream came back with an error, later
+//!   sends fail, and [`Sender::flush`] answers [`Error::Failed`]; every error says what was wrong
+//!   and what to do.
+//!
+//! ## Blocking
+//! ```
+//! use std::io::Read;
+//! use std::net::{TcpListener, TcpStream};
+//! use std::time::Duration;
+//! use zerotx::{EngineKind, Sender};
+//!
+//! # let listener = TcpListener::bind("127.0.0.1:0")?;
+//! # let addr = listener.local_addr()?;
+//! # let peer = std::thread::spawn(move || {
+//! #     let mut got = Vec::new();
+//! #     listener.accept().unwrap().0.read_to_end(&mut got).unwrap();
+//! #     got.len()
+//! # });
+//! let mut tx = Sender::new(TcpStream::connect(addr)?, EngineKind::Auto)?;
+//! tx.send(vec![7u8; 1 << 20])?;       // blocks only while the socket or zero-copy budget is full
+//! tx.flush(Duration::from_secs(5))?;  // every buffer released; fails if one carried an error
+//! let mut done = Vec::new();
+//! tx.reap(&mut done)?;                // the buffers, back, each with its Report
+//! for r in &done {
+//!     if let Some(e) = &r.report.error {
+//!         return Err(e.to_string().into());
+//!     }
+//!     println!("{} bytes, zero-copy: {}", r.report.bytes, r.report.path.is_zerocopy());
+//! }
+//! println!("{}", tx.explain());      // why zero-copy is or is not engaged on this socket
+//! let closed = tx.close(Duration::from_secs(5));
+//! assert_eq!(closed.kept, 0);
+//! # drop(closed);
+//! # assert_eq!(peer.join().unwrap(), 1 << 20);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Async (feature `tokio`)
+//! [`tokio::AsyncSender`] sends without blocking the runtime. The io_uring engines share one
+//! ring per runtime thread with no configuration, [`write_all`](tokio::AsyncSender::write_all)
+//! sends a whole `Bytes` and fails on the first release that failed, and
+//! [`split_tcp`](tokio::AsyncSender::split_tcp) keeps a connection's read half for requests.
+//! Released buffers come back from [`released`](tokio::AsyncSender::released), or from a
+//! [`releases`](tokio::AsyncSender::releases) stream a consumer task runs beside the sender.
+//! ```
+//! # #[cfg(feature = "tokio")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use tokio::io::AsyncReadExt;
+//! use bytes::Bytes;
+//! use std::time::Duration;
+//! use zerotx::{tokio::AsyncSender, EngineKind};
+//!
+//! # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! # rt.block_on(async {
+//! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let addr = listener.local_addr()?;
+//! # let peer = tokio::spawn(async move {
+//! #     let mut got = Vec::new();
+//! #     listener.accept().await.unwrap().0.read_to_end(&mut got).await.unwrap();
+//! #     got.len()
+//! # });
+//! let object = Bytes::from(vec![7u8; 1 << 20]);  // shared: each send is a clone, not a copy
+//! let stream = tokio::net::TcpStream::connect(addr).await?;
+//! let tx = AsyncSender::from_tcp(stream, EngineKind::Auto)?;
+//! tx.write_all(object.clone()).await?;           // sent, and released by the kernel
+//! tx.send(object.slice(..4096)).await?;          // accepted; comes back later
+//! tx.flush(Duration::from_secs(5)).await?;       // fails if a buffer came back with an error
+//! while let Some(done) = tx.released().await? {
+//!     if let Some(e) = done.report.error {
+//!         return Err(e.into());
+//!     }
+//! }
+//! let closed = tx.close(Duration::from_secs(5)).await;
+//! assert_eq!(closed.kept, 0);
+//! # drop(closed);
+//! # assert_eq!(peer.await?, (1 << 20) + 4096);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })
+//! # }
+//! # #[cfg(not(feature = "tokio"))]
+//! # fn main() {}
+//! ```
+//!
+//! ## Buffers
+//! `Vec<u8>`, `Box<[u8]>`, `bytes::Bytes`, `Arc<[u8]>` and `&'static [u8]` send as they are.
+//! Any other owner of immutable bytes (a memory-mapped file, another library's buffer) sends as
+//! a `Bytes` made by `Bytes::from_owner`, without copying and without `unsafe` of your own: see
+//! [`SendBuf`]; a sealed file maps safely with [`map_sealed`]. A [`BufPool`] hands out page-aligned blocks to fill and reuse, registered with
+//! io_uring if you like ([`Sender::register_pool`]); its buffers also convert into `Bytes` for
+//! code built on the `bytes` crate, and return to the pool when the last clone is dropped.
 //!
 //! ## Engines ([`EngineKind`])
 //! | engine | system call | kernel | without it |
@@ -18,70 +116,9 @@
 //! those send with `copy`. An `AF_PACKET` socket must be bound to an interface: each buffer goes
 //! out there as one frame, with the socket's protocol (a `SOCK_RAW` buffer holds the link-layer
 //! header; a `SOCK_DGRAM` socket is taken only on an interface without link-layer addresses).
-//! [`probe()`] tells what the running host supports.
 //!
-//! The io_uring engines keep one request in flight per stream socket (several in flight reorder
-//! the byte stream when the socket buffer fills), carrying many buffers as one iovec; datagram
-//! sockets have many requests in flight. Several senders can share one ring ([`UringShared`]) so
-//! one `io_uring_enter` submits for many sockets, and a [`BufPool`] registered with the ring sends
-//! with `IORING_RECVSEND_FIXED_BUF`.
-//!
-//! ## What zerotx gets right, and where it lives
-//! - Buffer lifetimes: [`SendBuf`] documents the rule; no path frees a buffer the kernel may read.
-//! - Fragmented datagrams: a zero-copy UDP socket is put under a path-MTU mode in which the kernel
-//!   refuses, before taking an id, a datagram it would fragment (a dropped fragment would leave
-//!   the id's completion to whenever the other fragments are freed); that datagram goes by copy
-//!   under the socket's own mode (`engine/unfragmented.rs`).
-//! - Completion ids: u32, wrapping, coalesced into ranges that may cross 2^32, one buffer owning
-//!   several ids after a short write: the pure ledger (`ledger.rs`). Which calls take an id differs per
-//!   protocol (a UDP send that failed after its skb was built took one; a short vsock call took
-//!   one for bytes it copied); the `sendmsg` engine follows each rule and never releases on a
-//!   guess. A socket that already has `SO_ZEROCOPY` is refused unless
-//!   [`SenderConfig::zerocopy_first_id`] says where the kernel's counter stands.
-//! - Streams: a stream that failed after part of a buffer went out sends nothing more (a gap
-//!   would corrupt it); io_uring keeps one request in flight per stream or seqpacket socket.
-//! - Control messages: the pure, length-checked, fuzzed decoder (`cmsg.rs`) (IPv4, IPv6, vsock and
-//!   packet levels); other error-queue messages are skipped, never fatal.
-//! - `ENOBUFS` (`net.core.optmem_max`, `RLIMIT_MEMLOCK`): read completions and retry; with nothing
-//!   in flight, send that buffer by copy and count it ([`Stats::fallbacks`]).
-//! - A COPIED completion (loopback always copies) is a statistic ([`CopyReason::Kernel`]), not an
-//!   error; `auto` learns from it: when most of a window comes back copied it copies, and probes
-//!   now and then (backing off) so a route that starts paying gets zero-copy back.
-//! - Small sends, whose pinning and notification cost more than a memcpy: `auto` copies below a
-//!   per-socket-kind threshold. Every such choice is counted in [`Stats`] and explained in plain
-//!   words by [`Sender::explain`].
-//!
-//! ## Where each piece lives
-//! | file | what |
-//! |---|---|
-//! | `sender.rs` | [`Sender`]: input checks, one queue of released buffers, blocking on top of the non-blocking core |
-//! | `engine/sendmsg.rs`, `engine/copy.rs`, `engine/msg_zc/` | the `copy` and `msg-zc` engines (one type per socket shape), what they share (`engine/sendmsg_core.rs`), the error-queue reader (`engine/errqueue.rs`); each protocol's id rules in `engine/policy/sendmsg.rs` |
-//! | `engine/uring/` | the `uring` and `uring-zc` engines; one ring shared by many senders ([`UringShared`]) |
-//! | `engine/record.rs` | the one in-flight record every engine keeps, and the one path to a [`Released`] |
-//! | `factory.rs` | the one engine factory: each engine built from a [`SenderConfig`]; `auto`: which family (io_uring or `sendmsg`) a socket gets, and why |
-//! | `engine/unfragmented.rs` | the path-MTU mode that keeps the kernel from fragmenting zero-copy datagrams |
-//! | `engine/policy/` | every decision on how a buffer goes (budget refusals, MTU, registered buffers), pure; `policy/auto.rs`: `auto`'s per-send choice (thresholds, copied windows, probes, budget holds, caps), with property tests |
-//! | `kind.rs` | [`EngineKind`] and [`SockKind`]: plain data below everything that names them |
-//! | `config.rs` | [`SenderConfig`]: what the factory builds a sender from |
-//! | `report/` | what a sender reports: [`Report`], [`Stats`]; `report/explain.rs`: every sentence of [`Sender::explain`] |
-//! | `ledger.rs` | zero-copy completion ids: ranges, the 2^32 wrap, ids no buffer waits for |
-//! | `cmsg.rs` | the error-queue decoder |
-//! | `sys/` | every system call and kernel ABI, and with `buf/` the only `unsafe` (tokio's reactor registration too); `sys/uring/`: the io_uring ring (`ring.rs`) and the requests that own their memory and build their SQEs (`op.rs`) |
-//! | `buf/` | [`SendBuf`] (the buffer rule) and [`BufPool`] (its own mapping, on small pages for registration, or on huge pages by [`BufPool::huge`]: see `buf/pool.rs`) |
-//! | `probe.rs` | [`probe()`]: what this host supports and what to tune |
-//! | `tokio/` | feature `tokio`: `tokio::AsyncSender`, readiness through tokio's reactor, one shared ring per runtime thread |
-//!
-//! ## Why some things are ours
-//! The libc calls go through a small `sys` module over `libc` (and `socket2` for addresses);
-//! the id ledger, the error-queue decoder, the page-aligned pool, the engines and `auto`'s policy
-//! exist in no crate made for the job, so they are written here and tested against the real
-//! kernel. So is one thing below the system calls: after its sends and its `io_uring_enter`
-//! (made inline through rustix, not through the `io-uring` crate's `submit`, for this reason), the
-//! library fills the CPU's return-address predictor (`sys::refill_return_stack`, as the kernel
-//! does at a context switch). On AMD VMs with the kernel's SRSO "Safe RET" mitigation the first
-//! return after a system call that finds the kernel's stale entries there costs 0.5-0.8 us, which
-//! every library call that ended in a system call paid and a hand-written loop never does
-//! (`benches/syscall-return.c`, `benches/compare-raw-results.md`).
+//! [`probe()`] tells what the running host supports and what to tune. How the library is built
+//! (where each piece lives, and why) is in the repository's `docs/architecture.md`.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -103,7 +140,7 @@ mod sys;
 pub mod tokio;
 
 pub use addr::{Destination, VsockAddr};
-pub use buf::{BufPool, PoolBufMut, PooledBuf, SendBuf};
+pub use buf::{map_sealed, BufPool, PoolBufMut, PooledBuf, SendBuf};
 pub use config::SenderConfig;
 pub use engine::{AtCap, UringConfig, UringShared};
 pub use error::{Error, Feature, SendError};

@@ -43,6 +43,8 @@ const DROP_TIMEOUT: Duration = Duration::from_secs(1);
 /// What [`Sender::close`] gives back.
 #[derive(Debug)]
 #[non_exhaustive]
+#[must_use = "`kept` says how many buffers the kernel still held (never handed back), and \
+              `released` holds the buffers that came back: look at both"]
 pub struct Closed<B> {
     /// Buffers released while closing (and any not yet reaped).
     pub released: Vec<Released<B>>,

@@ -11,15 +11,51 @@
 //!
 //! [`SendBuf`] is an `unsafe trait`: an implementation promises the bytes neither move nor change
 //! while the value lives, whatever happens to the value itself (it may be moved around freely).
+//! Other owners of immutable bytes need no `unsafe` of their own: see [`SendBuf`]'s "Other
+//! owners".
 #![allow(unsafe_code)]
 
 mod pool;
+mod sealed;
 
 pub use pool::{BufPool, PoolBufMut, PooledBuf};
+pub use sealed::map_sealed;
 
 use std::sync::Arc;
 
 /// A buffer whose bytes stay at one address, unchanged, for as long as the value lives.
+///
+/// Implemented for `Vec<u8>`, `Box<[u8]>`, `bytes::Bytes`, `Arc<[u8]>`, `&'static [u8]` and the
+/// pool's [`PooledBuf`](crate::PooledBuf).
+///
+/// # Other owners: through `Bytes::from_owner`, without `unsafe`
+/// Any other owner of immutable bytes (`Arc<Vec<u8>>`, a `String`, a memory-mapped file, a
+/// buffer of another library) becomes a `Bytes` with `bytes::Bytes::from_owner`, which takes
+/// any `AsRef<[u8]> + Send + 'static` value without copying, keeps it alive as long as a clone
+/// or slice of the `Bytes` lives, and drops it after the last one (so after the kernel released
+/// the last send from it). Send that `Bytes`: no `unsafe impl` is needed.
+///
+/// A memory-mapped file goes the same way. A file sealed against writes and shrinking (a
+/// `memfd_create(2)` file) maps safely with [`map_sealed`](crate::map_sealed). An ordinary file
+/// maps with `memmap2::Mmap::map`, whose one `unsafe` is memmap2's own rule (nobody writes or
+/// truncates the file while it is mapped: a change would show on the wire); zerotx adds none.
+///
+/// ```no_run
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use bytes::Bytes;
+/// use zerotx::{EngineKind, Sender};
+///
+/// let file = std::fs::File::open("object.bin")?;
+/// // SAFETY: the file is not written or truncated while it is mapped (memmap2's own rule).
+/// let map = unsafe { memmap2::Mmap::map(&file)? };
+/// let body = Bytes::from_owner(map); // no copy; unmapped after the last send released it
+/// let stream = std::net::TcpStream::connect("127.0.0.1:9000")?;
+/// let mut tx: Sender<Bytes> = Sender::new(stream, EngineKind::Auto)?;
+/// tx.send(body)?;
+/// let closed = tx.close(std::time::Duration::from_secs(5));
+/// assert_eq!(closed.kept, 0);
+/// # Ok(()) }
+/// ```
 ///
 /// # Safety
 /// [`as_bytes`](SendBuf::as_bytes) must return the same pointer and length every time it is

@@ -404,6 +404,41 @@ impl PooledBuf {
     }
 }
 
+impl AsRef<[u8]> for PooledBuf {
+    #[inline]
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A pooled buffer as `Bytes`, for code built on the `bytes` crate (hyper bodies, tonic and
+/// quinn message builders): `Bytes::from_owner`, no copy. Clones and slices share the block, and
+/// the block returns to the pool when the last of them is dropped. Such a `Bytes` is sent like any
+/// other (a [`Sender<Bytes>`](crate::Sender)), from user memory: the io_uring engines no longer
+/// see that it lies in a registered region, so it goes without `IORING_RECVSEND_FIXED_BUF`.
+///
+/// ```
+/// use bytes::Bytes;
+/// use zerotx::BufPool;
+///
+/// let pool = BufPool::new(4096, 2)?;
+/// let mut block = pool.take().expect("a free block");
+/// block[..5].copy_from_slice(b"hello");
+/// let bytes = Bytes::from(block.freeze(5));
+/// let hel = bytes.slice(..3);
+/// drop(bytes);
+/// assert_eq!(pool.available(), 1, "the slice still holds the block");
+/// assert_eq!(&hel[..], b"hel");
+/// drop(hel);
+/// assert_eq!(pool.available(), 2);
+/// # Ok::<(), std::io::Error>(())
+/// ```
+impl From<PooledBuf> for bytes::Bytes {
+    fn from(buf: PooledBuf) -> Self {
+        bytes::Bytes::from_owner(buf)
+    }
+}
+
 impl Deref for PooledBuf {
     type Target = [u8];
     #[inline]

@@ -142,10 +142,10 @@ impl<B: SendBuf> State<B> {
         let completions = |st: &Self| st.tx.as_ref().map(|t| t.stats().completions);
         let before = (self.blocked > 0).then(|| completions(self));
         let n = self.reap();
-        if let Some(before) = before {
-            if n > 0 || completions(self) != before {
-                owner.notify_waiters();
-            }
+        // Released buffers also wake a release stream's consumer (`Releases`), which the
+        // driver, idle once nothing is held, would not wake.
+        if n > 0 || before.is_some_and(|before| completions(self) != before) {
+            owner.notify_waiters();
         }
         if let (Some(driver), Some(tx)) = (watched, self.tx.as_mut()) {
             if tx.readiness().events & libc::POLLOUT != 0 {
@@ -247,6 +247,8 @@ pub(super) async fn drive<B: SendBuf>(shared: Arc<Shared<B>>, mut waker: Waker, 
                     // Deregister before the socket goes; what the kernel still holds is kept.
                     drop(waker);
                     let _ = tx.close(Duration::ZERO);
+                    // A release stream ends now.
+                    shared.owner.notify_waiters();
                     return;
                 }
                 _ => {}

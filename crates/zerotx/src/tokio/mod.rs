@@ -13,6 +13,29 @@
 //! would cost a channel allocation per send. The buffer's identity travels with it, so a caller
 //! that wants per-buffer completion matches on the buffer it gets back.
 //!
+//! A consumer task that runs beside the sending one takes them from a
+//! [`releases`](AsyncSender::releases) stream, which waits while nothing is in flight and ends
+//! only when the sender is closed. [`write_all`](AsyncSender::write_all) sends one `Bytes` whole,
+//! in slices, and resolves once the kernel released them all (or fails with the first failure).
+//!
+//! ## With no configuration
+//! [`from_tcp`](AsyncSender::from_tcp) and [`from_udp`](AsyncSender::from_udp) put the io_uring
+//! engines (and `auto` where it takes io_uring) on the runtime thread's shared ring
+//! ([`thread_ring`]): one ring per thread, not one per connection. Where that ring cannot take
+//! the sender, it is made as [`AsyncSender::new`] makes it;
+//! [`from_tcp_with`](AsyncSender::from_tcp_with) takes a [`SenderConfig`] as it is.
+//! [`split_tcp`](AsyncSender::split_tcp) splits a connection into a read half and the sender, as
+//! tokio's `into_split` does.
+//!
+//! ## Why not `futures::Sink`
+//! A `Sink` fits one stage, and this contract has two. `poll_ready` must promise room before the
+//! item is seen, and whether the sender takes a buffer is known only by trying it (the
+//! zero-copy budget depends on the buffer), so a `Sink` would hold a buffer of its own between
+//! calls. And a `Sink` never gives its items back: the released buffers, their reports and their
+//! errors would be dropped inside it, where the two stages hand every buffer back with what
+//! became of it. [`send`](AsyncSender::send) and [`send_batch`](AsyncSender::send_batch) are the
+//! sink's half; [`releases`](AsyncSender::releases) is the other.
+//!
 //! ## A driver task, so progress never waits for the owner
 //! Each sender spawns one small task on the current runtime that waits on the sender's readiness
 //! and makes progress: it pushes bytes the engine still queues (the rest of a short write, the
@@ -67,6 +90,9 @@
 //! tx.send(object.clone()).await?;           // accepted; waits while the socket is full
 //! tx.flush(Duration::from_secs(5)).await?;  // fails if a buffer came back with an error
 //! while let Some(done) = tx.released().await? {
+//!     if let Some(e) = done.report.error {
+//!         return Err(e.into());
+//!     }
 //!     println!("{} bytes, zero-copy: {}", done.report.bytes, done.report.path.is_zerocopy());
 //! }
 //! let closed = tx.close(Duration::from_secs(5)).await;
@@ -75,9 +101,15 @@
 //! ```
 
 mod driver;
+mod releases;
 mod ring;
+mod sockets;
+mod write_all;
 
+pub use releases::Releases;
 pub use ring::thread_ring;
+pub use sockets::TcpReadHalf;
+pub use write_all::WRITE_SLICE;
 
 use std::collections::VecDeque;
 use std::io;
@@ -145,26 +177,6 @@ impl<B: SendBuf> AsyncSender<B> {
         Self::from_sender(Sender::with_config(fd, cfg)?)
     }
 
-    /// A sender over a connected tokio `TcpStream`, taken out of tokio's reactor (`into_std`).
-    /// A connection that also receives reads from a duplicate made beforehand
-    /// (`std::net::TcpStream::try_clone`, then `TcpStream::from_std`).
-    pub fn from_tcp(stream: ::tokio::net::TcpStream, kind: EngineKind) -> Result<Self, Error> {
-        let std = stream.into_std().map_err(|source| Error::Io {
-            context: "deregistering the TcpStream from tokio",
-            source,
-        })?;
-        Self::new(std, kind)
-    }
-
-    /// A sender over a tokio `UdpSocket` (connected, or sending with [`send_to`](Self::send_to)).
-    pub fn from_udp(sock: ::tokio::net::UdpSocket, kind: EngineKind) -> Result<Self, Error> {
-        let std = sock.into_std().map_err(|source| Error::Io {
-            context: "deregistering the UdpSocket from tokio",
-            source,
-        })?;
-        Self::new(std, kind)
-    }
-
     /// Wraps a blocking [`Sender`]: registers a duplicate of the descriptor its
     /// [`readiness`](Sender::readiness) names (`dup(2)`, `epoll_ctl` through tokio) and spawns
     /// the driver task on the current runtime.
@@ -228,6 +240,13 @@ impl<B: SendBuf> AsyncSender<B> {
     #[doc(hidden)]
     pub fn driver_turns(&self) -> u64 {
         self.shared.turns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the sender submits through a shared ring ([`thread_ring`], or a
+    /// [`UringShared`](crate::UringShared) its configuration named) rather than a ring or socket
+    /// of its own.
+    pub fn shares_ring(&self) -> bool {
+        self.watched
     }
 
     /// The engine in use.
@@ -419,6 +438,8 @@ impl<B: SendBuf> AsyncSender<B> {
         let tx = st.tx.take().expect("present until close");
         let mut released: Vec<_> = st.released.drain(..).collect();
         drop(st);
+        // A release stream ends now.
+        self.shared.owner.notify_waiters();
         // Nothing can be waited for any more: whatever the kernel still holds is kept.
         let mut closed = tx.close(Duration::ZERO);
         released.append(&mut closed.released);
