@@ -7,9 +7,9 @@
 //!   it gave the blocks back in: how a run touched memory must not depend on its neighbour.
 //! - One loop ([`measure`]) drives every engine through the [`Driver`] trait, zerotx's and the raw
 //!   baselines alike, so the harness does the same work per send for each: a send, and every
-//!   batch of sends ([`DEFAULT_BATCH`], `--batch`) a non-blocking reap (the way a real zero-copy
-//!   sender amortises `recvmsg(MSG_ERRQUEUE)`) and a clock read; when no buffer is free, a wait for
-//!   a release (and a clock read).
+//!   batch of sends ([`DEFAULT_BATCH`](super::settings::DEFAULT_BATCH), `--batch`) a
+//!   non-blocking reap (the way a real zero-copy sender amortises `recvmsg(MSG_ERRQUEUE)`) and a
+//!   clock read; when no buffer is free, a wait for a release (and a clock read).
 //! - A buffer is reused only after its engine released it (the kernel is done with it).
 //! - Time runs from the first send to the release of the last buffer (a flush), so a zero-copy
 //!   engine cannot look fast by leaving work in flight.
