@@ -4,8 +4,11 @@
 Each round runs, one after another (never two at once, 2 cores):
   iperf3 (default mode)         vs  zerotx send -> zerotx recv (generated data, default engine)
   iperf3 -Z (sendfile)          vs  zerotx send --file F -> zerotx recv, F sent again and again
-                                    for the same time, once with --file-via sendfile (what auto
-                                    takes on TCP) and once with --file-via mmap (the engine)
+                                    for the same time: with --file-via sendfile from a file of
+                                    128 KiB (what iperf3 -Z sends from: its one buffer, a file
+                                    whose pages stay in the CPU's cache), with --file-via sendfile
+                                    from a large file (--file-mib: every page new to the receiver's
+                                    copy), and with --file-via mmap (the default: the engine)
 The rounds interleave the tools so drift on a shared machine hits both alike. Reported: the
 receiver's bytes per second (what arrived) and the sender's CPU seconds per GB (iperf3: its own
 cpu_utilization_percent.host_total times the duration; zerotx: getrusage of the send process).
@@ -132,15 +135,21 @@ def main():
         for _ in range(a.file_mib):
             f.write(block)
         path = f.name
-    runs = {k: [] for k in ("iperf3", "zerotx", "iperf3 -Z", "zerotx --file", "zerotx --file mmap")}
+    # iperf3 -Z's own source: one 128 KiB buffer in a file, sent again and again.
+    with tempfile.NamedTemporaryFile(prefix="zerotx-vs-iperf3-128k-", delete=False) as f:
+        f.write(os.urandom(128 << 10))
+        small = f.name
+    runs = {k: [] for k in ("iperf3", "zerotx", "iperf3 -Z", "zerotx --file 128K sendfile",
+                            "zerotx --file sendfile", "zerotx --file mmap")}
     try:
         for r in range(a.rounds):
             order = [("iperf3", lambda: iperf3(secs, False)), ("zerotx", lambda: zerotx(a.zerotx, secs, None)),
                      ("iperf3 -Z", lambda: iperf3(secs, True)),
-                     ("zerotx --file", lambda: zerotx(a.zerotx, secs, path, "sendfile")),
+                     ("zerotx --file 128K sendfile", lambda: zerotx(a.zerotx, secs, small, "sendfile")),
+                     ("zerotx --file sendfile", lambda: zerotx(a.zerotx, secs, path, "sendfile")),
                      ("zerotx --file mmap", lambda: zerotx(a.zerotx, secs, path, "mmap"))]
             if r % 2:
-                order = [order[1], order[0], order[3], order[4], order[2]]
+                order = [order[1], order[0], order[3], order[4], order[5], order[2]]
             for name, fn in order:
                 res = fn()
                 runs[name].append(res)
@@ -149,13 +158,18 @@ def main():
                       file=sys.stderr)
     finally:
         os.unlink(path)
+        os.unlink(small)
     med = lambda name, k: statistics.median(x[k] for x in runs[name])
     print(f"\nTCP loopback, {secs} s per run, median of {a.rounds} rounds (interleaved):\n")
     print("| mode | iperf3 Gbit/s | zerotx Gbit/s | zerotx/iperf3 | iperf3 sender CPU s/GB | zerotx sender CPU s/GB | iperf3 receiver CPU s/GB | zerotx receiver CPU s/GB |")
     print("|---|---|---|---|---|---|---|---|")
+    big = f"{a.file_mib} MiB file"
     for label, i, z in (("default (generated data)", "iperf3", "zerotx"),
-                        ("file: iperf3 -Z / --file (sendfile, auto's choice)", "iperf3 -Z", "zerotx --file"),
-                        ("file: iperf3 -Z / --file --file-via mmap", "iperf3 -Z", "zerotx --file mmap")):
+                        ("file: iperf3 -Z / --file-via sendfile, 128 KiB file (iperf3 -Z's source)",
+                         "iperf3 -Z", "zerotx --file 128K sendfile"),
+                        (f"file: iperf3 -Z / --file-via sendfile, {big}", "iperf3 -Z", "zerotx --file sendfile"),
+                        (f"file: iperf3 -Z / --file (mmap through the engine, the default), {big}",
+                         "iperf3 -Z", "zerotx --file mmap")):
         print(f"| {label} | {med(i, 'rx_bps') / 1e9:.2f} | {med(z, 'rx_bps') / 1e9:.2f} | "
               f"{med(z, 'rx_bps') / med(i, 'rx_bps'):.2f}x | {med(i, 'cpu_per_gb'):.3f} | {med(z, 'cpu_per_gb'):.3f} | "
               f"{med(i, 'rx_cpu_per_gb'):.3f} | {med(z, 'rx_cpu_per_gb'):.3f} |")

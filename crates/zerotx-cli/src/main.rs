@@ -27,7 +27,7 @@ fn run() -> anyhow::Result<()> {
         options::Command::Probe { json, explain } => probe::run(json, explain),
         options::Command::Bench(args) => {
             let opts = args.check()?;
-            let report = bench::run(&opts)?;
+            let report = bench::run(&opts.bench)?;
             export::print(&report, opts.stdout)?;
             for (format, path) in &opts.exports {
                 export::write(&report, *format, path)?;

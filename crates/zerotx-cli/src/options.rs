@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 
-use crate::bench::runner::{DEFAULT_BATCH, MAX_BATCH};
+use crate::bench::settings::{Settings, DEFAULT_BATCH, MAX_BATCH};
 use crate::bench::topology::Choice;
 use crate::bench::Engine;
 use crate::export::Format;
@@ -334,35 +334,15 @@ pub struct BenchArgs {
     pub progress: bool,
 }
 
-/// Checked `zerotx bench` options.
+/// Checked `zerotx bench` options: what to measure, and where the results go.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
-    /// Time per run of one cell.
-    pub run: Duration,
-    /// Repetitions per cell.
-    pub repeat: usize,
-    /// Sizes given on the command line (sorted, deduplicated); `None`: each topology's own.
-    pub sizes: Option<Vec<usize>>,
-    /// Engine columns, in order.
-    pub engines: Vec<Engine>,
-    /// Topologies, in order.
-    pub topologies: Vec<Choice>,
-    /// Bytes of the buffer ring each run cycles through.
-    pub ring_bytes: usize,
-    /// The ring on huge pages for engines that do not register it (`--huge-pages`).
-    pub huge_pages: bool,
-    /// Seed of the run order (`--seed`).
-    pub seed: u64,
-    /// Buffers per batch (`--batch`).
-    pub batch: usize,
-    /// liburing's send-zerocopy example, when its column is wanted.
-    pub liburing: Option<PathBuf>,
+    /// What the bench measures.
+    pub bench: Settings,
     /// What goes to standard output.
     pub stdout: Format,
     /// Files to write, each in its format.
     pub exports: Vec<(Format, PathBuf)>,
-    /// A line per run on standard error off a terminal (`--progress`).
-    pub progress: bool,
 }
 
 fn parse_vsock(s: &str) -> anyhow::Result<Choice> {
@@ -509,7 +489,7 @@ impl BenchArgs {
         } else {
             Format::Table
         };
-        let exports = [
+        let exports: Vec<(Format, PathBuf)> = [
             (Format::Json, self.export_json),
             (Format::Csv, self.export_csv),
             (Format::Markdown, self.export_markdown),
@@ -518,7 +498,12 @@ impl BenchArgs {
         .into_iter()
         .filter_map(|(f, p)| p.map(|p| (f, p)))
         .collect();
-        Ok(BenchOptions {
+        // Before measuring, so a path that cannot be written does not cost the whole run.
+        for (format, path) in &exports {
+            crate::export::check_writable(path)
+                .with_context(|| format!("{} {}: fix the path", format.flag(), path.display()))?;
+        }
+        let bench = Settings {
             run: Duration::from_secs_f64(secs),
             repeat,
             sizes,
@@ -529,9 +514,12 @@ impl BenchArgs {
             seed: self.seed,
             batch: self.batch,
             liburing: self.liburing,
+            progress: self.progress,
+        };
+        Ok(BenchOptions {
+            bench,
             stdout,
             exports,
-            progress: self.progress,
         })
     }
 }
@@ -551,7 +539,7 @@ mod tests {
     #[test]
     fn sizes_take_suffixes_and_refuse_nonsense() {
         let o = check(&["--sizes", "1400,4K,64kib,1M,1400"]).unwrap();
-        assert_eq!(o.sizes, Some(vec![1400, 4096, 65536, 1 << 20]));
+        assert_eq!(o.bench.sizes, Some(vec![1400, 4096, 65536, 1 << 20]));
         for bad in ["", "0", "x", "4G", "-1"] {
             let e = check(&["--sizes", bad]).unwrap_err().to_string();
             assert!(
@@ -574,9 +562,9 @@ mod tests {
     #[test]
     fn the_vsock_topology_is_the_vsock_peer() {
         let o = check(&["--topology", "vsock", "--vsock", "3:1234"]).unwrap();
-        assert_eq!(o.topologies, [Choice::Vsock { cid: 3, port: 1234 }]);
+        assert_eq!(o.bench.topologies, [Choice::Vsock { cid: 3, port: 1234 }]);
         let o = check(&["--topology", "tcp-loopback,vsock", "--vsock", "3:1234"]).unwrap();
-        assert_eq!(o.topologies.len(), 2);
+        assert_eq!(o.bench.topologies.len(), 2);
         let e = check(&["--topology", "vsock"]).unwrap_err().to_string();
         assert!(e.contains("give --vsock CID:PORT"), "{e}");
     }
@@ -594,19 +582,34 @@ mod tests {
     #[test]
     fn defaults_are_the_zerotx_engines_on_both_local_topologies() {
         let o = check(&[]).unwrap();
-        assert_eq!(o.engines, Engine::ZEROTX.to_vec());
-        assert_eq!(o.topologies, [Choice::TcpLoopback, Choice::UdpBlackhole]);
-        assert_eq!((o.repeat, o.run), (3, Duration::from_millis(600)));
+        assert_eq!(o.bench.engines, Engine::ZEROTX.to_vec());
+        assert_eq!(
+            o.bench.topologies,
+            [Choice::TcpLoopback, Choice::UdpBlackhole]
+        );
+        assert_eq!(
+            (o.bench.repeat, o.bench.run),
+            (3, Duration::from_millis(600))
+        );
         assert_eq!(o.stdout, Format::Table);
         assert!(o.exports.is_empty());
         let q = check(&["--quick"]).unwrap();
-        assert_eq!((q.repeat, q.run), (2, Duration::from_millis(150)));
-        assert_eq!((o.seed, check(&["--seed", "9"]).unwrap().seed), (0, 9));
         assert_eq!(
-            (o.batch, check(&["--batch", "64"]).unwrap().batch),
+            (q.bench.repeat, q.bench.run),
+            (2, Duration::from_millis(150))
+        );
+        assert_eq!(
+            (o.bench.seed, check(&["--seed", "9"]).unwrap().bench.seed),
+            (0, 9)
+        );
+        assert_eq!(
+            (
+                o.bench.batch,
+                check(&["--batch", "64"]).unwrap().bench.batch
+            ),
             (32, 64)
         );
-        assert_eq!(check(&["--batch", "128"]).unwrap().batch, 128);
+        assert_eq!(check(&["--batch", "128"]).unwrap().bench.batch, 128);
         for bad in ["0", "129"] {
             let e = check(&["--batch", bad]).unwrap_err().to_string();
             assert!(
@@ -619,7 +622,7 @@ mod tests {
     #[test]
     fn baselines_add_the_raw_loops_once_after_the_chosen_engines() {
         let o = check(&["--engines", "msg-zc,raw-copy,msg-zc", "--baselines"]).unwrap();
-        let names: Vec<_> = o.engines.iter().map(|e| e.name()).collect();
+        let names: Vec<_> = o.bench.engines.iter().map(|e| e.name()).collect();
         assert_eq!(
             names,
             ["msg-zc", "raw-copy", "raw-msg-zc", "raw-uring-zc-fixed"]
@@ -633,7 +636,7 @@ mod tests {
         let e = check(&["--liburing", "/nonexistent/send-zerocopy"]).unwrap_err();
         assert!(e.to_string().contains("no such file"), "{e}");
         let o = check(&["--engines", "copy", "--liburing", "/bin/sh"]).unwrap();
-        assert_eq!(o.engines, [Engine::Copy, Engine::LiburingZcFixed]);
+        assert_eq!(o.bench.engines, [Engine::Copy, Engine::LiburingZcFixed]);
     }
 
     #[test]
@@ -650,5 +653,22 @@ mod tests {
         assert!(check(&["--json", "--csv"]).is_err());
         assert!(check(&["--csv"]).is_ok());
         assert!(check(&["--csv", "--markdown"]).is_err());
+    }
+
+    /// A plot or export path that cannot be written is refused by the check, before any
+    /// measuring; a path that can be is left as it was.
+    #[test]
+    fn export_paths_are_checked_before_measuring() {
+        let e = check(&["--plot", "/nonexistent-zerotx-dir/p.svg"]).unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(
+            msg.contains("--plot /nonexistent-zerotx-dir/p.svg"),
+            "{msg}"
+        );
+        let e = check(&["--export-csv", "/"]).unwrap_err();
+        assert!(format!("{e:#}").contains("--export-csv /"), "{e:#}");
+        let fresh = std::env::temp_dir().join(format!("zerotx-check-{}.json", std::process::id()));
+        check(&["--export-json", fresh.to_str().unwrap()]).unwrap();
+        assert!(!fresh.exists(), "the check leaves no file behind");
     }
 }

@@ -78,7 +78,7 @@ fn unknown_command_is_a_usage_error() {
         .stderr(predicate::str::contains("unrecognized subcommand"));
 }
 
-use zerotx_testbed::{is_root, strict};
+use zerotx_testbed::{is_root, require, skip, strict};
 
 fn cells<'a>(v: &'a serde_json::Value, topology: &str) -> Option<&'a Vec<serde_json::Value>> {
     let t = v["topologies"]
@@ -88,11 +88,7 @@ fn cells<'a>(v: &'a serde_json::Value, topology: &str) -> Option<&'a Vec<serde_j
         .find(|t| t["name"] == topology)
         .unwrap_or_else(|| panic!("{topology} missing"));
     if let Some(why) = t["skipped"].as_str() {
-        assert!(
-            !strict(),
-            "ZEROTX_STRICT=1 and {topology} was skipped: {why}"
-        );
-        eprintln!("SKIPPED: {topology}: {why}");
+        skip(&format!("{topology} was skipped: {why}"));
         return None;
     }
     t["cells"].as_array()
@@ -338,13 +334,12 @@ fn bench_baselines_run_beside_zerotx_and_export_markdown() {
 /// liburing-dev the way `scripts/compare-raw.sh` builds it; `None` (a skip, or a failure under
 /// `ZEROTX_STRICT=1`) without the header or a C compiler.
 fn liburing_example() -> Option<std::path::PathBuf> {
-    let skip = |why: &str| {
-        assert!(!strict(), "ZEROTX_STRICT=1 and {why}");
-        eprintln!("SKIPPED: {why}");
+    let skipped = |why: &str| {
+        skip(why);
         None
     };
     if !std::path::Path::new("/usr/include/liburing.h").exists() {
-        return skip("liburing-dev is not installed (no /usr/include/liburing.h)");
+        return skipped("liburing-dev is not installed (no /usr/include/liburing.h)");
     }
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../benches/liburing/send-zerocopy.c");
@@ -359,7 +354,7 @@ fn liburing_example() -> Option<std::path::PathBuf> {
     match built {
         Ok(s) if s.success() => Some(bin),
         Ok(s) => panic!("building {} failed: {s}", src.display()),
-        Err(e) => skip(&format!(
+        Err(e) => skipped(&format!(
             "no C compiler to build liburing's example: cc: {e}"
         )),
     }
@@ -367,9 +362,7 @@ fn liburing_example() -> Option<std::path::PathBuf> {
 
 #[test]
 fn bench_runs_liburings_example_as_a_column_beside_zerotx() {
-    if !is_root() {
-        assert!(!strict(), "ZEROTX_STRICT=1 and the bench test needs root");
-        eprintln!("SKIPPED: the black hole needs root (a network namespace)");
+    if !require(is_root(), "the black hole needs root (a network namespace)") {
         return;
     }
     let Some(example) = liburing_example() else {

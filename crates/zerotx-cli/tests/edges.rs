@@ -131,3 +131,34 @@ fn sendfile_is_marked_as_such_not_counted_as_zero_copy() {
     );
     r.wait(T);
 }
+
+/// `--plot` to a directory that does not exist fails at once, before measuring: no table, no
+/// progress, and the message names the flag and the path.
+#[test]
+fn an_unwritable_plot_path_fails_before_measuring() {
+    let out = run(
+        &mut zerotx(&[
+            "bench",
+            "--topology",
+            "tcp-loopback",
+            "--engines",
+            "copy",
+            "--sizes",
+            "4K",
+            "--duration",
+            "0.05",
+            "--repeat",
+            "1",
+            "--plot",
+            "/nonexistent-zerotx-dir/plot.svg",
+        ]),
+        T,
+    );
+    let (o, e) = text(&out);
+    assert!(!out.status.success(), "{o}\n{e}");
+    assert!(o.is_empty(), "nothing measured, nothing printed: {o}");
+    assert!(
+        e.contains("--plot /nonexistent-zerotx-dir/plot.svg"),
+        "the message names the flag and the path: {e}"
+    );
+}

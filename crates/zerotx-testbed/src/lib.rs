@@ -57,17 +57,46 @@ pub fn strict() -> bool {
     std::env::var("ZEROTX_STRICT").is_ok_and(|v| v == "1")
 }
 
-/// Returns whether a test may go on; otherwise says why it skips, or fails under
-/// [`strict`].
+/// Returns whether a test may go on; otherwise [`skip`]s with `why`.
 pub fn require(ok: bool, why: &str) -> bool {
     if !ok {
-        assert!(
-            !strict(),
-            "ZEROTX_STRICT=1 and a requirement is missing: {why}"
-        );
-        eprintln!("SKIPPED: {why}");
+        skip(why);
     }
     ok
+}
+
+/// The variable naming the file where [`skip`] also records each skip (`scripts/test.sh` sets
+/// it and prints the file at the end: libtest shows a skipped test as `ok` and hides its stderr).
+pub const SKIP_LOG: &str = "ZEROTX_SKIP_LOG";
+
+/// Says why the calling test skips, or fails under [`strict`]. With [`SKIP_LOG`] set, appends
+/// one line `test-binary: test-name: why` to that file.
+pub fn skip(why: &str) {
+    assert!(
+        !strict(),
+        "ZEROTX_STRICT=1 and a requirement is missing: {why}"
+    );
+    eprintln!("SKIPPED: {why}");
+    if let Some(path) = std::env::var_os(SKIP_LOG) {
+        // libtest names each test's thread after the test.
+        let test = std::thread::current().name().unwrap_or("?").to_owned();
+        let binary = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            // Cargo's test binaries end in `-<hash>`.
+            .map(|s| s.rsplit_once('-').map_or(s.clone(), |(b, _)| b.to_owned()))
+            .unwrap_or_default();
+        let line = format!("{binary}: {test}: {why}\n");
+        // One write on an O_APPEND file: concurrent test binaries' lines do not interleave.
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| io::Write::write_all(&mut f, line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("recording the skip in {}: {e}", path.to_string_lossy());
+        }
+    }
 }
 
 /// Whether the process runs as root (network namespaces, sysctls, limits).

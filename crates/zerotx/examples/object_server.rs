@@ -13,9 +13,11 @@
 //! cargo run --release -p zerotx --features tokio --example object_server -- --bench
 //! ```
 //!
-//! Flags: `--listen ADDR`, `--engine auto|copy|msg-zc|uring|uring-zc` (default `auto`), `--threads N`
-//! (runtime workers; 0 = current-thread), `--max-size SIZE` (64M), `--chunk SIZE` (256K),
-//! `--write-timeout-ms MS`. Bench: `--bench`, `--engines LIST`, `--clients N`, `--seconds S`,
+//! Flags (`--help` lists them): `--listen ADDR`, `--engine auto|copy|msg-zc|uring|uring-zc`
+//! (default `auto`), `--threads N` (runtime workers; 0 = current-thread), `--max-size SIZE` (64M),
+//! `--chunk SIZE` (256K), `--write-timeout-ms MS`, `--drain-seconds S` (30). `HEAD` answers with
+//! the head alone. SIGTERM (or SIGINT) drains: no new connections, responses in progress finish,
+//! then it exits. Bench: `--bench`, `--engines LIST`, `--clients N`, `--seconds S`,
 //! `--size SIZE`, `--repeat R`. `--bench-black-hole` (root): HTTP cannot reach the black hole (it
 //! drops every packet, so no TCP handshake completes), so this measures the same async send path
 //! with UDP datagrams into it instead: tokio's `UdpSocket::send` against `AsyncSender`.
@@ -39,69 +41,82 @@ fn main() {
     }
 }
 
+/// An HTTP/1.1 object server: `GET /<size>` answers with the first `size` bytes of one shared
+/// object, bodies sent zero-copy by zerotx's async sender; `HEAD` answers with the head alone.
+/// SIGTERM or SIGINT stops it gracefully: no new connections, responses being sent are
+/// finished.
+#[derive(clap::Parser)]
+#[command(name = "object_server")]
 struct Args {
+    /// Address to serve on (e.g. 127.0.0.1:8080; port 0 picks one and prints it).
+    #[arg(long, value_name = "ADDR", required_unless_present_any = ["bench", "bench_black_hole"])]
     listen: Option<SocketAddr>,
-    cfg: Config,
+    /// How bodies leave: copy (tokio's write_all), auto, msg-zc, uring, uring-zc.
+    #[arg(long, default_value = server::DEFAULT_ENGINE, value_parser = Mode::parse)]
+    engine: Mode,
+    /// Runtime worker threads (0: one current-thread runtime).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// The largest object served (the shared object is this big): 4096, 64K, 1M...
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = size)]
+    max_size: usize,
+    /// Bytes per buffer handed to the sender.
+    #[arg(long, value_name = "SIZE", default_value = "256K", value_parser = size)]
+    chunk: usize,
+    /// A body write that makes no progress this long ends the connection.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    write_timeout_ms: u64,
+    /// On SIGTERM, how long open connections may take to finish their responses.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    drain_seconds: u64,
+    /// Compare engines: keep-alive clients on loopback, server CPU per GB.
+    #[arg(long)]
     bench: bool,
-    black_hole: bool,
+    /// Compare engines with UDP datagrams into the black hole (root).
+    #[arg(long)]
+    bench_black_hole: bool,
+    /// Bench: engines to compare.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "copy,auto,msg-zc,uring-zc"
+    )]
     engines: Vec<String>,
-    clients: usize,
+    /// Bench: keep-alive clients.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    clients: u64,
+    /// Bench: seconds per cell.
+    #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Bench: bytes per request.
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = size)]
     size: usize,
-    repeat: usize,
+    /// Bench: repetitions per cell.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    repeat: u64,
+    #[arg(skip = Config::new(Mode::WriteAll))]
+    cfg: Config,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        listen: None,
-        cfg: Config::new(Mode::parse(server::DEFAULT_ENGINE)?),
-        bench: false,
-        black_hole: false,
-        engines: vec![
-            "copy".into(),
-            "auto".into(),
-            "msg-zc".into(),
-            "uring-zc".into(),
-        ],
-        clients: 8,
-        seconds: 3.0,
-        size: 1 << 20,
-        repeat: 3,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--bench" {
-            a.bench = true;
-            continue;
-        }
-        if flag == "--bench-black-hole" {
-            a.black_hole = true;
-            continue;
-        }
-        let v = it.next().ok_or(format!("{flag} needs a value"))?;
-        let size = |v: &str| server::parse_size(v).ok_or(format!("bad size {v:?} for {flag}"));
-        let num = |v: &str| v.parse::<usize>().map_err(|e| format!("{flag} {v:?}: {e}"));
-        match flag.as_str() {
-            "--listen" => a.listen = Some(v.parse().map_err(|e| format!("--listen {v:?}: {e}"))?),
-            "--engine" => a.cfg.mode = Mode::parse(&v)?,
-            "--threads" => a.cfg.threads = num(&v)?,
-            "--max-size" => a.cfg.max_size = size(&v)?,
-            "--chunk" => a.cfg.chunk = size(&v)?.max(1),
-            "--write-timeout-ms" => a.cfg.write_timeout = Duration::from_millis(num(&v)? as u64),
-            "--engines" => a.engines = v.split(',').map(str::to_owned).collect(),
-            "--clients" => a.clients = num(&v)?.max(1),
-            "--seconds" => a.seconds = v.parse().map_err(|e| format!("--seconds: {e}"))?,
-            "--size" => a.size = size(&v)?,
-            "--repeat" => a.repeat = num(&v)?.max(1),
-            _ => return Err(format!("unknown flag {flag}")),
-        }
-    }
-    Ok(a)
+/// A size flag: `4096`, `64K`, `1M`, `1G`.
+fn size(s: &str) -> Result<usize, String> {
+    server::parse_size(s).ok_or(format!("{s:?} is not a size: give bytes, or K, M, G"))
+}
+
+fn parse_args() -> Args {
+    let mut a = <Args as clap::Parser>::parse();
+    a.cfg.mode = a.engine;
+    a.cfg.threads = a.threads;
+    a.cfg.max_size = a.max_size;
+    a.cfg.chunk = a.chunk.max(1);
+    a.cfg.write_timeout = Duration::from_millis(a.write_timeout_ms);
+    a.cfg.drain_timeout = Duration::from_secs(a.drain_seconds);
+    a
 }
 
 fn run() -> Result<(), String> {
-    let a = parse_args()?;
-    if a.black_hole {
+    let a = parse_args();
+    if a.bench_black_hole {
         return bench_black_hole(&a);
     }
     if a.bench {
@@ -109,13 +124,35 @@ fn run() -> Result<(), String> {
     }
     let listen = a.listen.ok_or("--listen ADDR is required (or --bench)")?;
     let mode = a.cfg.mode;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .map_err(|e| format!("installing the SIGTERM handler: {e}"))?;
     let running =
         server::spawn(listen, a.cfg).map_err(|e| format!("listening on {listen}: {e}"))?;
     println!("listening on {} engine {}", running.addr, mode.name());
     std::io::stdout().flush().ok();
-    loop {
-        std::thread::park();
+    let signal = signals
+        .forever()
+        .next()
+        .unwrap_or(signal_hook::consts::SIGTERM);
+    let name = if signal == signal_hook::consts::SIGINT {
+        "SIGINT"
+    } else {
+        "SIGTERM"
+    };
+    println!("{name}: draining (no new connections; responses in progress finish)");
+    std::io::stdout().flush().ok();
+    let drained = running.stop();
+    if drained.left_open > 0 {
+        return Err(format!(
+            "{} connections were still open after the drain time (--drain-seconds)",
+            drained.left_open
+        ));
     }
+    println!("drained: every connection finished");
+    Ok(())
 }
 
 /// One timed cell: the server as a child process (so its CPU time is its own), `clients`

@@ -386,3 +386,145 @@ fn load_with_slow_vanishing_and_stalled_clients() {
     }
     assert_eq!(zerotx::leaked_buffers(), 0);
 }
+
+/// `curl -I`: a `HEAD` request gets the head a `GET` would (status, length), and no body.
+#[test]
+fn head_requests_get_the_head_alone() {
+    let _serial = serial();
+    if !util::require(
+        Command::new("curl").arg("--version").output().is_ok(),
+        "curl is not installed (apt-get install curl)",
+    ) {
+        return;
+    }
+    for mode in [Mode::WriteAll, Mode::ZeroTx(EngineKind::Auto)] {
+        let s = start(mode, 1 << 20, |_| {});
+        let out = Command::new("curl")
+            .args(["-sS", "--fail", "--max-time", "20", "-I"])
+            .arg(format!("http://{}/65536", s.addr))
+            .output()
+            .expect("curl");
+        let head = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}: curl -I failed: {head}",
+            mode.name()
+        );
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains("Content-Length: 65536\r\n"), "{head}");
+        settle(&s, &mode.name());
+        assert_eq!(s.stats.body_bytes.load(Relaxed), 0, "{}", s.stats.render());
+        assert_eq!(
+            s.stats.buffers_sent.load(Relaxed),
+            0,
+            "{}",
+            s.stats.render()
+        );
+    }
+}
+
+/// The example's binary, which `cargo test` builds beside the test binaries.
+fn object_server_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("examples/object_server");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo test -p zerotx --features tokio builds it",
+        bin.display()
+    );
+    bin
+}
+
+#[test]
+fn the_binary_answers_help_with_its_flags() {
+    let out = Command::new(object_server_bin())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for flag in ["--listen", "--engine", "--drain-seconds", "--bench"] {
+        assert!(text.contains(flag), "{flag} missing from --help:\n{text}");
+    }
+}
+
+/// SIGTERM while a response is being sent to a slow reader: the response finishes intact, a new
+/// connection is refused, and the server exits with status 0 saying it drained.
+#[test]
+fn sigterm_drains_a_response_in_progress() {
+    use std::io::{BufRead, BufReader, Read, Write};
+
+    let _serial = serial();
+    let mut child = std::process::Command::new(object_server_bin())
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--max-size",
+            "16M",
+            "--drain-seconds",
+            "20",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    let addr: SocketAddr = first
+        .split_whitespace()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("the server said {first:?}"));
+    const SIZE: usize = 16 << 20;
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    socket2::SockRef::from(&c)
+        .set_recv_buffer_size(64 << 10)
+        .unwrap();
+    c.write_all(format!("GET /{SIZE} HTTP/1.1\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    // Some of the body, so the response is under way; then the signal.
+    let mut got = vec![0u8; 64 << 10];
+    c.read_exact(&mut got).unwrap();
+    // SAFETY: kill has no memory preconditions; the pid is our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let draining = lines.next().unwrap().unwrap();
+    assert!(draining.contains("draining"), "{draining}");
+    // The listener closes once the server thread sees the stop, a moment after the line.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "connections still accepted after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The slow reader reads the rest.
+    let mut rest = Vec::new();
+    let mut chunk = vec![0u8; 16 << 10];
+    loop {
+        std::thread::sleep(Duration::from_millis(1));
+        match c.read(&mut chunk).unwrap() {
+            0 => break,
+            n => rest.extend_from_slice(&chunk[..n]),
+        }
+    }
+    got.extend_from_slice(&rest);
+    let head_end = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let body = &got[head_end..];
+    assert_eq!(body.len(), SIZE, "the response was cut short by the stop");
+    assert!(
+        body == &server::make_object(SIZE)[..],
+        "the body differs from the object"
+    );
+    let status = child.wait().unwrap();
+    let tail: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(status.success(), "{status}: {tail:?}");
+    assert!(
+        tail.iter()
+            .any(|l| l.contains("drained: every connection finished")),
+        "{tail:?}"
+    );
+}

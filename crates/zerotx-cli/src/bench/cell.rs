@@ -9,14 +9,14 @@ use super::engine::Engine;
 use super::result::Run;
 use super::runner::{buffer_ring, measure};
 use super::scheduler::{CellRunner, Slot};
+use super::settings::Settings;
 use super::topology::{Cpus, Site};
 use super::zerotx_engine::ZerotxDriver;
 use super::{liburing, raw};
-use crate::options::BenchOptions;
 
 /// Runs cells of one topology.
 pub struct Cells<'a> {
-    opts: &'a BenchOptions,
+    opts: &'a Settings,
     site: &'a mut dyn Site,
     sizes: &'a [usize],
     cpus: Cpus,
@@ -27,12 +27,7 @@ pub struct Cells<'a> {
 
 impl<'a> Cells<'a> {
     /// Cells over `sizes` and `opts.engines`, sending into `site`.
-    pub fn new(
-        opts: &'a BenchOptions,
-        site: &'a mut dyn Site,
-        sizes: &'a [usize],
-        cpus: Cpus,
-    ) -> Self {
+    pub fn new(opts: &'a Settings, site: &'a mut dyn Site, sizes: &'a [usize], cpus: Cpus) -> Self {
         Self {
             opts,
             site,

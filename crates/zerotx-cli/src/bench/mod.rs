@@ -1,6 +1,7 @@
 //! `zerotx bench`: copy vs zero-copy on this machine, with nothing to set up.
 //!
 //! The pieces, in the order a run goes through them:
+//! - [`settings`]: what a run measures (checked from the flags by `options.rs`);
 //! - [`topology`]: where to send (one file per topology: TCP loopback, the UDP black hole, vsock);
 //! - [`scheduler`]: the order of runs (interleaved repetitions), apart from how a run is made;
 //! - [`cell`]: one run of one cell, picking the driver for the engine column;
@@ -17,6 +18,7 @@ pub mod raw;
 pub mod result;
 pub mod runner;
 pub mod scheduler;
+pub mod settings;
 pub mod topology;
 pub mod verdict;
 pub mod zerotx_engine;
@@ -29,14 +31,14 @@ use result::{Cell, LeftOut, Report, TopologyResult};
 use scheduler::{Grid, Plan};
 use topology::{Cpus, Topology};
 
-use crate::options::BenchOptions;
+use settings::Settings;
 
 /// The sizes a topology runs, and those it leaves out.
 type Sizes = (Vec<usize>, Option<LeftOut>);
 
 /// The sizes `t` runs, and those it leaves out (larger than it sends at once), which the report
 /// names. The options refuse a topology that would run none.
-fn sizes_for(opts: &BenchOptions, t: &dyn Topology) -> Sizes {
+fn sizes_for(opts: &Settings, t: &dyn Topology) -> Sizes {
     let sizes = opts.sizes.clone().unwrap_or_else(|| t.default_sizes());
     let (run, over): (Vec<usize>, Vec<usize>) = sizes.into_iter().partition(|&s| s <= t.max_size());
     let left_out = (!over.is_empty()).then(|| LeftOut {
@@ -47,7 +49,7 @@ fn sizes_for(opts: &BenchOptions, t: &dyn Topology) -> Sizes {
 }
 
 fn summarise(
-    opts: &BenchOptions,
+    opts: &Settings,
     t: &dyn Topology,
     (sizes, left_out): Sizes,
     grid: Option<Grid<result::Run>>,
@@ -101,7 +103,10 @@ fn together(engines: &[Engine]) -> Vec<Vec<usize>> {
 }
 
 /// Runs the whole benchmark: every topology, and in each every cell, in the scheduler's order.
-pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
+pub fn run(opts: &Settings) -> anyhow::Result<Report> {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let n_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let cpus = Cpus::for_host(n_cpus);
     let topologies: Vec<Box<dyn Topology>> = opts.topologies.iter().map(|c| c.build()).collect();
@@ -150,6 +155,10 @@ pub fn run(opts: &BenchOptions) -> anyhow::Result<Report> {
     Ok(Report {
         version: env!("CARGO_PKG_VERSION").into(),
         kernel: zerotx::probe::kernel_release(),
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default(),
+        started,
         cpus: n_cpus,
         run_seconds: opts.run.as_secs_f64(),
         repeat: opts.repeat,

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::runner::DEFAULT_BATCH;
+use super::settings::DEFAULT_BATCH;
 use super::Engine;
 
 /// Each zerotx engine and the minimal sender it is judged against (issue 8's acceptance).
@@ -364,6 +364,10 @@ pub struct Report {
     pub version: String,
     /// Kernel release.
     pub kernel: String,
+    /// The host's name.
+    pub host: String,
+    /// When the run started, seconds since the Unix epoch.
+    pub started: u64,
     /// Online CPUs.
     pub cpus: usize,
     /// Seconds per run.

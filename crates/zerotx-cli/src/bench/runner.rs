@@ -7,9 +7,9 @@
 //!   it gave the blocks back in: how a run touched memory must not depend on its neighbour.
 //! - One loop ([`measure`]) drives every engine through the [`Driver`] trait, zerotx's and the raw
 //!   baselines alike, so the harness does the same work per send for each: a send, and every
-//!   batch of sends ([`DEFAULT_BATCH`], `--batch`) a non-blocking reap (the way a real zero-copy
-//!   sender amortises `recvmsg(MSG_ERRQUEUE)`) and a clock read; when no buffer is free, a wait for
-//!   a release (and a clock read).
+//!   batch of sends ([`DEFAULT_BATCH`](super::settings::DEFAULT_BATCH), `--batch`) a
+//!   non-blocking reap (the way a real zero-copy sender amortises `recvmsg(MSG_ERRQUEUE)`) and a
+//!   clock read; when no buffer is free, a wait for a release (and a clock read).
 //! - A buffer is reused only after its engine released it (the kernel is done with it).
 //! - Time runs from the first send to the release of the last buffer (a flush), so a zero-copy
 //!   engine cannot look fast by leaving work in flight.
@@ -25,22 +25,6 @@ use zerotx::{BufPool, PoolBufMut};
 use zerotx_testbed as testbed;
 
 use super::result::Run;
-
-/// Sends between two non-blocking reaps, and buffers per `send_batch` call for zerotx's engines,
-/// unless `--batch` says otherwise.
-///
-/// The batch is what a library call amortises: the call itself, and, on the VMs this runs on, a
-/// return after a system call that finds a stale entry on the CPU's return stack, which costs
-/// 0.5-0.8 us (benches/syscall-return.c). The raw loops, whose system calls are inlined into
-/// [`measure`], never make such a return; the library fills the return stack after its system
-/// calls (`sys::refill_return_stack`) so that its own cost little (at `--batch 1`, `copy` went
-/// from 0.71-0.75x to 0.88-0.90x `raw-copy` with the fill).
-pub const DEFAULT_BATCH: usize = 32;
-
-/// The largest `--batch`: half the io_uring rings' submission queues (256 entries, zerotx's
-/// default and the raw loop's), so the completions of one batch of zero-copy sends (a CQE and a
-/// notification each) fill at most half of the completion queue (512) between two reaps.
-pub const MAX_BATCH: usize = 128;
 
 /// One release in this many has its latency recorded: a prime, so the samples do not alias with
 /// the reap period (a stride of 64 over reaps every 32 sends always picks the same place in a
@@ -238,6 +222,7 @@ pub fn measure<D: Driver>(mut driver: D, duration: Duration, batch: usize) -> an
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::settings::DEFAULT_BATCH;
 
     /// A driver with `slots` buffers that releases everything on each reap or wait.
     struct Fake {

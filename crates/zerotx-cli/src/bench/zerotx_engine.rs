@@ -2,7 +2,7 @@
 //! Buffers go to [`zerotx::Sender`] as pooled buffers and come back from its reap; the harness
 //! only moves them between the sender and a FIFO free list.
 //!
-//! They go a batch at a time ([`DEFAULT_BATCH`](super::runner::DEFAULT_BATCH), `--batch`)
+//! They go a batch at a time ([`DEFAULT_BATCH`](super::settings::DEFAULT_BATCH), `--batch`)
 //! through [`Sender::send_batch`], the library's call for throughput: the io_uring engines then
 //! enter the kernel once per batch, as the raw io_uring loop does (`raw-uring-zc-fixed` enters
 //! once per batch too) and liburing's example does (8 per submit). A plain `send` loop would also

@@ -36,6 +36,17 @@ pub enum Format {
 }
 
 impl Format {
+    /// The flag that writes this format to a file.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Format::Table => "the table",
+            Format::Json => "--export-json",
+            Format::Csv => "--export-csv",
+            Format::Markdown => "--export-markdown",
+            Format::Svg => "--plot",
+        }
+    }
+
     /// The exporter for this format.
     pub fn exporter(self) -> Box<dyn Exporter> {
         match self {
@@ -62,6 +73,22 @@ pub fn write(report: &Report, format: Format, path: &Path) -> anyhow::Result<()>
         .render(report)
         .with_context(|| format!("rendering {format:?} for {}", path.display()))?;
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Whether `path` can be written, checked by opening it for writing (the way the export will),
+/// before a run: creates the file if missing and removes it again, changes nothing else.
+pub fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    if !existed {
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the trial file {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// `65536` -> `64K`, `1048576` -> `1M`, `1400` -> `1400`.
@@ -118,6 +145,8 @@ pub mod sample {
         Report {
             version: "0.1.0".into(),
             kernel: "6.18.0".into(),
+            host: "testhost".into(),
+            started: 1_795_757_400,
             cpus: 2,
             run_seconds: 0.6,
             repeat: 1,

@@ -63,6 +63,8 @@ pub struct Config {
     pub close_timeout: Duration,
     /// Runtime worker threads (0: one current-thread runtime).
     pub threads: usize,
+    /// How long a graceful stop waits for open connections to finish their responses.
+    pub drain_timeout: Duration,
 }
 
 impl Config {
@@ -75,6 +77,7 @@ impl Config {
             idle_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(5),
             threads: 2,
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -174,12 +177,46 @@ pub fn parse_size(s: &str) -> Option<usize> {
 }
 
 /// A server running on its own runtime thread(s).
+/// A server running on its own thread.
 pub struct Running {
     pub addr: SocketAddr,
     pub stats: Arc<Stats>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    thread: std::thread::JoinHandle<Drained>,
 }
 
-/// Binds `addr` and serves on a runtime of `cfg.threads` workers, in a background thread.
+/// How a graceful stop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Connections still open when the drain time ran out (0: every one finished).
+    pub left_open: u64,
+}
+
+impl Running {
+    /// Stops gracefully: no new connections; idle keep-alive connections close; a response
+    /// being sent is finished (its buffers released) before its connection closes. Waits for
+    /// that at most `cfg.drain_timeout`.
+    pub fn stop(self) -> Drained {
+        let _ = self.shutdown.send(true);
+        self.thread.join().unwrap_or(Drained {
+            left_open: u64::MAX,
+        })
+    }
+}
+
+/// The server's stop signal, as each connection sees it.
+#[derive(Clone)]
+pub struct Shutdown(tokio::sync::watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Resolves once a stop was asked for (never, if nobody can ask any more).
+    async fn wait(&mut self) {
+        if self.0.wait_for(|&stop| stop).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 pub fn spawn(addr: SocketAddr, cfg: Config) -> std::io::Result<Running> {
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
@@ -188,15 +225,21 @@ pub fn spawn(addr: SocketAddr, cfg: Config) -> std::io::Result<Running> {
     let object = make_object(cfg.max_size);
     let rt = runtime(cfg.threads)?;
     let s = stats.clone();
-    std::thread::Builder::new()
+    let (shutdown, rx) = tokio::sync::watch::channel(false);
+    let thread = std::thread::Builder::new()
         .name("object-server".into())
         .spawn(move || {
             rt.block_on(async move {
                 let listener = TcpListener::from_std(std_listener).expect("listener");
-                serve(listener, Arc::new(cfg), object, s).await
+                serve(listener, Arc::new(cfg), object, s, Shutdown(rx)).await
             })
         })?;
-    Ok(Running { addr, stats })
+    Ok(Running {
+        addr,
+        stats,
+        shutdown,
+        thread,
+    })
 }
 
 pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
@@ -213,12 +256,23 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Accepts forever; one task per connection.
-pub async fn serve(listener: TcpListener, cfg: Arc<Config>, object: Bytes, stats: Arc<Stats>) {
+/// Accepts and serves connections until `shutdown`, then waits for the open ones to finish (at
+/// most `cfg.drain_timeout`).
+pub async fn serve(
+    listener: TcpListener,
+    cfg: Arc<Config>,
+    object: Bytes,
+    stats: Arc<Stats>,
+    mut shutdown: Shutdown,
+) -> Drained {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = shutdown.wait() => break,
+        };
+        let (stream, _) = match accepted {
             Ok(c) => c,
             Err(e) => {
-                // EMFILE and friends: back off instead of spinning, keep serving.
                 eprintln!("accept: {e}");
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
@@ -228,8 +282,9 @@ pub async fn serve(listener: TcpListener, cfg: Arc<Config>, object: Bytes, stats
         stats.connections.fetch_add(1, Relaxed);
         stats.open.fetch_add(1, Relaxed);
         let (cfg, object, stats) = (cfg.clone(), object.clone(), stats.clone());
+        let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection(stream, &cfg, object, &stats).await {
+            if let Err(e) = connection(stream, &cfg, object, &stats, shutdown).await {
                 if std::env::var_os("OBJECT_SERVER_DEBUG").is_some() {
                     eprintln!("connection: {e}");
                 }
@@ -237,34 +292,62 @@ pub async fn serve(listener: TcpListener, cfg: Arc<Config>, object: Bytes, stats
             stats.open.fetch_sub(1, Relaxed);
         });
     }
+    // No new connections from here on.
+    drop(listener);
+    let deadline = tokio::time::Instant::now() + cfg.drain_timeout;
+    while stats.open.load(Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Drained {
+        left_open: stats.open.load(Relaxed),
+    }
 }
 
-/// One parsed request.
 enum Request {
-    Object { size: usize, close: bool },
-    Stats { close: bool },
+    /// `GET` or `HEAD` (`body: false`) of an object.
+    Object {
+        size: usize,
+        close: bool,
+        body: bool,
+    },
+    Stats {
+        close: bool,
+        body: bool,
+    },
     Bad(&'static str),
 }
 
-/// Reads one request (head only; bodies are refused). `Ok(None)`: the peer closed or idled out.
+/// The largest request head taken.
+const MAX_HEAD: usize = 8192;
+
+/// Reads the next request head (`None`: the peer closed, it stayed idle past `idle`, or the
+/// server is shutting down and the connection is between requests).
 async fn read_request(
     rd: &mut TcpStream,
     buf: &mut Vec<u8>,
     idle: Duration,
+    shutdown: &mut Shutdown,
 ) -> std::io::Result<Option<Request>> {
     loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-            buf.drain(..end + 4);
-            return Ok(Some(parse_request(&head)));
-        }
-        if buf.len() > 8192 {
-            return Ok(Some(Request::Bad("request head over 8 KiB")));
+        match parse_request(buf) {
+            Parsed::Done(req, len) => {
+                buf.drain(..len);
+                return Ok(Some(req));
+            }
+            Parsed::Bad(why) => return Ok(Some(Request::Bad(why))),
+            Parsed::Partial if buf.len() >= MAX_HEAD => {
+                return Ok(Some(Request::Bad("request head over 8 KiB")))
+            }
+            Parsed::Partial => {}
         }
         let mut tmp = [0u8; 2048];
-        let n = match tokio::time::timeout(idle, rd.read(&mut tmp)).await {
-            Ok(r) => r?,
-            Err(_) => return Ok(None),
+        // Between requests a shutdown closes the connection; a partial head is abandoned.
+        let n = tokio::select! {
+            r = tokio::time::timeout(idle, rd.read(&mut tmp)) => match r {
+                Ok(r) => r?,
+                Err(_) => return Ok(None),
+            },
+            () = shutdown.wait(), if buf.is_empty() => return Ok(None),
         };
         if n == 0 {
             return Ok(None);
@@ -273,34 +356,54 @@ async fn read_request(
     }
 }
 
-fn parse_request(head: &str) -> Request {
-    let mut lines = head.split("\r\n");
-    let mut first = lines.next().unwrap_or("").split(' ');
-    let (method, target, version) = (first.next(), first.next(), first.next());
-    let mut close = version != Some("HTTP/1.1");
-    for line in lines {
-        if let Some((k, v)) = line.split_once(':') {
-            let (k, v) = (k.trim(), v.trim());
-            if k.eq_ignore_ascii_case("connection") {
-                close = v.eq_ignore_ascii_case("close");
-            } else if k.eq_ignore_ascii_case("content-length") && v != "0"
-                || k.eq_ignore_ascii_case("transfer-encoding")
-            {
-                return Request::Bad("request bodies are not accepted");
+enum Parsed {
+    /// A request, and the bytes its head took.
+    Done(Request, usize),
+    Partial,
+    Bad(&'static str),
+}
+
+/// One request head, by `httparse`.
+fn parse_request(buf: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut req = httparse::Request::new(&mut headers);
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => return Parsed::Bad("more than 32 headers"),
+        Err(_) => return Parsed::Bad("not an HTTP/1.x request"),
+    };
+    // httparse: version 1 is HTTP/1.1, 0 is HTTP/1.0 (which closes unless asked not to).
+    let mut close = req.version != Some(1);
+    for h in req.headers.iter() {
+        let v = String::from_utf8_lossy(h.value);
+        let v = v.trim();
+        if h.name.eq_ignore_ascii_case("connection") {
+            if v.eq_ignore_ascii_case("close") {
+                close = true;
+            } else if v.eq_ignore_ascii_case("keep-alive") {
+                close = false;
             }
+        } else if h.name.eq_ignore_ascii_case("content-length") && v != "0"
+            || h.name.eq_ignore_ascii_case("transfer-encoding")
+        {
+            return Parsed::Done(Request::Bad("request bodies are not accepted"), len);
         }
     }
-    if method != Some("GET") || !matches!(version, Some("HTTP/1.1" | "HTTP/1.0")) {
-        return Request::Bad("only GET over HTTP/1.x");
-    }
-    match target.and_then(|t| t.strip_prefix('/')) {
-        Some("stats") => Request::Stats { close },
+    let body = match req.method {
+        Some("GET") => true,
+        Some("HEAD") => false,
+        _ => return Parsed::Done(Request::Bad("only GET and HEAD"), len),
+    };
+    let r = match req.path.and_then(|t| t.strip_prefix('/')) {
+        Some("stats") => Request::Stats { close, body },
         Some(s) => match parse_size(s) {
-            Some(size) => Request::Object { size, close },
+            Some(size) => Request::Object { size, close, body },
             None => Request::Bad("GET /<size>, e.g. /4096, /64K, /1M"),
         },
         None => Request::Bad("no target"),
-    }
+    };
+    Parsed::Done(r, len)
 }
 
 fn head(status: &str, len: usize, close: bool, kind: &str) -> Vec<u8> {
@@ -317,10 +420,11 @@ async fn connection(
     cfg: &Config,
     object: Bytes,
     stats: &Stats,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     match cfg.mode {
-        Mode::WriteAll => connection_write_all(stream, cfg, object, stats).await,
-        Mode::ZeroTx(kind) => connection_zerotx(stream, kind, cfg, object, stats).await,
+        Mode::WriteAll => connection_write_all(stream, cfg, object, stats, shutdown).await,
+        Mode::ZeroTx(kind) => connection_zerotx(stream, kind, cfg, object, stats, shutdown).await,
     }
 }
 
@@ -334,9 +438,9 @@ struct Answer {
 fn answer(req: Request, cfg: &Config, object: &Bytes, stats: &Stats) -> Answer {
     stats.requests.fetch_add(1, Relaxed);
     match req {
-        Request::Object { size, close } if size <= cfg.max_size => Answer {
+        Request::Object { size, close, body } if size <= cfg.max_size => Answer {
             head: head("200 OK", size, close, "application/octet-stream"),
-            body: (size > 0).then(|| object.slice(..size)),
+            body: (body && size > 0).then(|| object.slice(..size)),
             close,
         },
         Request::Object { .. } => {
@@ -349,10 +453,12 @@ fn answer(req: Request, cfg: &Config, object: &Bytes, stats: &Stats) -> Answer {
                 close: false,
             }
         }
-        Request::Stats { close } => {
+        Request::Stats { close, body } => {
             let msg = stats.render();
             let mut h = head("200 OK", msg.len(), close, "text/plain");
-            h.extend_from_slice(msg.as_bytes());
+            if body {
+                h.extend_from_slice(msg.as_bytes());
+            }
             Answer {
                 head: h,
                 body: None,
@@ -379,9 +485,12 @@ async fn connection_write_all(
     cfg: &Config,
     object: Bytes,
     stats: &Stats,
+    mut shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let mut buf = Vec::new();
-    while let Some(req) = read_request(&mut stream, &mut buf, cfg.idle_timeout).await? {
+    while let Some(req) =
+        read_request(&mut stream, &mut buf, cfg.idle_timeout, &mut shutdown).await?
+    {
         let a = answer(req, cfg, &object, stats);
         let write = async {
             stream.write_all(&a.head).await?;
@@ -419,6 +528,7 @@ async fn connection_zerotx(
     cfg: &Config,
     object: Bytes,
     stats: &Stats,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let std = stream.into_std()?;
     let mut rd = TcpStream::from_std(std.try_clone()?)?;
@@ -453,7 +563,7 @@ async fn connection_zerotx(
         .unwrap_or_else(|e| e.into_inner())
         .entry(label)
         .or_default() += 1;
-    let result = zerotx_requests(&mut rd, &tx, cfg, &object, stats).await;
+    let result = zerotx_requests(&mut rd, &tx, cfg, &object, stats, shutdown).await;
     finish(tx, &rd, cfg, stats).await;
     result
 }
@@ -464,6 +574,7 @@ async fn zerotx_requests(
     cfg: &Config,
     object: &Bytes,
     stats: &Stats,
+    mut shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let mut done = Vec::new();
@@ -471,7 +582,7 @@ async fn zerotx_requests(
         // The previous body may still be queued (an io_uring engine accepts a whole body at
         // once): a peer that stopped reading it is timed out here too, not only in `send`.
         let req = tokio::select! {
-            r = read_request(rd, &mut buf, cfg.idle_timeout) => r?,
+            r = read_request(rd, &mut buf, cfg.idle_timeout, &mut shutdown) => r?,
             e = stalled(tx, cfg.write_timeout) => {
                 if e.kind() == std::io::ErrorKind::TimedOut {
                     stats.write_timeouts.fetch_add(1, Relaxed);

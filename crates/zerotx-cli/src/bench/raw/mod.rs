@@ -9,7 +9,7 @@
 //! - a buffer is reused only after the kernel released it (its completion id, or its
 //!   notification CQE, came back);
 //! - the same timed loop ([`measure`](super::runner::measure)), reaping every
-//!   batch of sends ([`DEFAULT_BATCH`](super::runner::DEFAULT_BATCH), `--batch`) and waiting
+//!   batch of sends ([`DEFAULT_BATCH`](super::settings::DEFAULT_BATCH), `--batch`) and waiting
 //!   only when no buffer is free;
 //! - the same entry into the kernel for a send: an inline `syscall` ([`send_bytes`]), as zerotx's
 //!   `copy` and `msg-zc` make it, not glibc's wrapper (on the machines this was measured on the

@@ -1,6 +1,6 @@
 //! `raw-msg-zc`: `send(MSG_ZEROCOPY)` on a blocking IP socket, completions read from the socket
 //! error queue (`recvmsg(MSG_ERRQUEUE)`) only when the loop asks for them: every
-//! batch of sends ([`DEFAULT_BATCH`](crate::bench::runner::DEFAULT_BATCH), `--batch`), or when
+//! batch of sends ([`DEFAULT_BATCH`](crate::bench::settings::DEFAULT_BATCH), `--batch`), or when
 //! every buffer is in flight.
 //!
 //! - Each successful call takes the next completion id (KERNEL.md); a buffer records the id count

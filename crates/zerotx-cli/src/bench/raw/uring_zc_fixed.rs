@@ -33,7 +33,8 @@ use io_uring::{cqueue, opcode, types, IoUring};
 use zerotx::BufPool;
 
 use super::{sock_type, BufRing};
-use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, MAX_BATCH, WAIT_SLICE};
+use crate::bench::runner::{Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
+use crate::bench::settings::MAX_BATCH;
 
 /// Submission queue entries (zerotx's default, twice the largest `--batch`); the CQ has twice as
 /// many.

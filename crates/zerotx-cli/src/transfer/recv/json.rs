@@ -3,16 +3,31 @@
 //! `end.zerotx` object with what iperf3 has no field for (the verdict of `--verify`, UDP
 //! out-of-order and corrupt counts, the output file, CPU per GB).
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::collections::VecDeque;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Map, Value};
 
-use super::meter::{cpu_per_gb, cpu_secs, lost_percent, Cpu, Meter, Sample, Verdict};
+use super::sample::{cpu_per_gb, cpu_secs, lost_percent, Cpu, Sample, Stream, Verdict};
+use super::{HostPort, Opts};
 use crate::transfer::{bitrate, http_date, Proto};
+
+/// What a document reports of a transfer, borrowed from its meter.
+pub(super) struct Facts<'a> {
+    pub opts: &'a Opts,
+    /// When the transfer started.
+    pub wall0: SystemTime,
+    pub accepted: &'a HostPort,
+    pub streams: &'a [Stream],
+    /// The intervals kept, oldest first.
+    pub intervals: &'a VecDeque<Vec<Sample>>,
+    pub intervals_dropped: u64,
+    pub ignored: u64,
+}
 
 /// The whole document for a finished transfer.
 pub(super) fn document(
-    m: &Meter,
+    m: &Facts<'_>,
     totals: &[Sample],
     sum: &Sample,
     cpu: Cpu,
@@ -45,7 +60,7 @@ pub(super) fn document(
         .collect();
     let streams: Vec<Value> = totals
         .iter()
-        .zip(&m.streams)
+        .zip(m.streams)
         .map(|(t, s)| {
             let mut receiver = sample(t, udp_verify);
             if udp_verify {

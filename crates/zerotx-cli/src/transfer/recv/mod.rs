@@ -13,6 +13,7 @@
 mod json;
 mod meter;
 mod output;
+mod sample;
 mod tcp;
 mod udp;
 
@@ -26,6 +27,7 @@ use socket2::{Domain, SockAddr, Socket, Type};
 
 use super::{listen_endpoint, Endpoint, Proto};
 use crate::options::RecvArgs;
+use crate::stdout::outln;
 
 /// Bytes per `read` on a TCP connection (and the longest slice verified at once). 128 KiB, as
 /// iperf3: on loopback here 128 KiB reads moved 20.5 Gbit/s (median of 8) against 18-19 for 256 KiB
@@ -33,6 +35,9 @@ use crate::options::RecvArgs;
 const TCP_BUF: usize = 128 << 10;
 /// Bytes per `recv` of a datagram: more than the largest UDP payload.
 const UDP_BUF: usize = 1 << 16;
+/// The most source addresses one transfer meters (one stream each): datagrams from others are
+/// counted apart ([`meter::Meter::ignored`]), neither verified nor written to `--output`.
+const MAX_SOURCES: usize = 128;
 
 /// The flags, checked.
 #[derive(Debug, Clone)]
@@ -236,6 +241,18 @@ impl HostPort {
     }
 }
 
+/// iperf3's "Server listening" box (text mode only).
+fn banner(opts: &Opts, shown: &str) {
+    if !opts.json {
+        let rule = "-".repeat(59);
+        outln!(
+            "{rule}\nzerotx recv listening on {shown} ({}{})\n{rule}",
+            opts.proto.name(),
+            if opts.verify { ", verifying" } else { "" }
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,7 +293,7 @@ mod tests {
         let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
         for needle in [
             format!("at most {} connections", tcp::MAX_STREAMS),
-            format!("at most {} source addresses", udp::MAX_SOURCES),
+            format!("at most {} source addresses", MAX_SOURCES),
             format!("at most {} interval samples", meter::MAX_KEPT_SAMPLES),
         ] {
             assert!(help.contains(&needle), "--help lacks {needle:?}: {help}");

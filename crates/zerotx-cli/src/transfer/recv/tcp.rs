@@ -13,8 +13,7 @@ use anyhow::{bail, Context};
 use socket2::{SockAddr, Socket};
 
 use super::meter::Meter;
-use super::{HostPort, Opts, TCP_BUF};
-use crate::stdout::outln;
+use super::{banner, HostPort, Opts, TCP_BUF};
 use crate::transfer::iperf3;
 use crate::transfer::pattern::Window;
 
@@ -203,18 +202,6 @@ pub(super) fn serve(opts: &Opts, listener: Socket, shown: &str) -> anyhow::Resul
                 banner(opts, shown);
             }
         }
-    }
-}
-
-/// iperf3's "Server listening" box (text mode only).
-pub(super) fn banner(opts: &Opts, shown: &str) {
-    if !opts.json {
-        let rule = "-".repeat(59);
-        outln!(
-            "{rule}\nzerotx recv listening on {shown} ({}{})\n{rule}",
-            opts.proto.name(),
-            if opts.verify { ", verifying" } else { "" }
-        );
     }
 }
 

@@ -13,13 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::meter::Meter;
-use super::tcp::banner;
-use super::{HostPort, Opts, UDP_BUF};
+use super::{banner, HostPort, Opts, MAX_SOURCES, UDP_BUF};
 use crate::transfer::pattern::{locate, Window, PERIOD};
-
-/// The most source addresses one transfer meters (one stream each): datagrams from others are
-/// counted apart ([`Meter::ignored`]), neither verified nor written to `--output`.
-pub(super) const MAX_SOURCES: usize = 128;
 
 /// What a datagram's position says about the stream it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

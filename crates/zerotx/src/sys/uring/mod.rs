@@ -245,8 +245,10 @@ mod tests {
     /// the call returns only after the request's last CQE, once the peer read.
     #[test]
     fn send_zc_once_waits_for_its_request_through_signals() {
-        if !super::probe().is_ok_and(|p| p.send_zc) {
-            eprintln!("SKIPPED: no IORING_OP_SEND_ZC");
+        if !zerotx_testbed::require(
+            super::probe().is_ok_and(|p| p.send_zc),
+            "no IORING_OP_SEND_ZC",
+        ) {
             return;
         }
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -893,8 +893,10 @@ mod tests {
 
     /// A UDP socket connected to itself on 127.0.0.1, and a `SENDMSG_ZC` of 1000 bytes on it.
     fn setup(drops: &Arc<AtomicUsize>) -> Option<(UdpSocket, Box<SendOp<Counted>>)> {
-        if !crate::sys::uring::probe().is_ok_and(|p| p.sendmsg_zc) {
-            eprintln!("SKIPPED: no IORING_OP_SENDMSG_ZC");
+        if !zerotx_testbed::require(
+            crate::sys::uring::probe().is_ok_and(|p| p.sendmsg_zc),
+            "no IORING_OP_SENDMSG_ZC",
+        ) {
             return None;
         }
         let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
@@ -1172,8 +1174,10 @@ mod tests {
     fn a_file_slot_outlives_the_sqes_that_name_it() {
         let drops = Arc::new(AtomicUsize::new(0));
         let mut ring = Ring::new(8, 8, 4).unwrap();
-        if ring.file_slots == 0 {
-            eprintln!("SKIPPED: no sparse registered file table (5.19)");
+        if !zerotx_testbed::require(
+            ring.file_slots != 0,
+            "no sparse registered file table (5.19)",
+        ) {
             return;
         }
         let (a, a_rx) = udp_pair();

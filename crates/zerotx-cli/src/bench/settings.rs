@@ -1,0 +1,51 @@
+//! What one `zerotx bench` run measures, checked (`options.rs` builds it from the flags): the
+//! bench's own input, so it knows nothing of the command line or of where results go.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::topology::Choice;
+use super::Engine;
+
+/// Sends between two non-blocking reaps, and buffers per `send_batch` call for zerotx's engines,
+/// unless `--batch` says otherwise.
+///
+/// The batch is what a library call amortises: the call itself, and, on the VMs this runs on, a
+/// return after a system call that finds a stale entry on the CPU's return stack, which costs
+/// 0.5-0.8 us (benches/syscall-return.c). The raw loops, whose system calls are inlined into
+/// [`measure`](super::runner::measure), never make such a return; the library fills the return stack after its system
+/// calls (`sys::refill_return_stack`) so that its own cost little (at `--batch 1`, `copy` went
+/// from 0.71-0.75x to 0.88-0.90x `raw-copy` with the fill).
+pub const DEFAULT_BATCH: usize = 32;
+
+/// The largest `--batch`: half the io_uring rings' submission queues (256 entries, zerotx's
+/// default and the raw loop's), so the completions of one batch of zero-copy sends (a CQE and a
+/// notification each) fill at most half of the completion queue (512) between two reaps.
+pub const MAX_BATCH: usize = 128;
+
+/// The checked settings of a run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Time per run of one cell.
+    pub run: Duration,
+    /// Repetitions per cell.
+    pub repeat: usize,
+    /// Sizes given on the command line (sorted, deduplicated); `None`: each topology's own.
+    pub sizes: Option<Vec<usize>>,
+    /// Engine columns, in order.
+    pub engines: Vec<Engine>,
+    /// Topologies, in order.
+    pub topologies: Vec<Choice>,
+    /// Bytes of the buffer ring each run cycles through.
+    pub ring_bytes: usize,
+    /// The ring on huge pages for engines that do not register it (`--huge-pages`).
+    pub huge_pages: bool,
+    /// Seed of the run order (`--seed`).
+    pub seed: u64,
+    /// Buffers per batch (`--batch`).
+    pub batch: usize,
+    /// liburing's send-zerocopy example, when its column is wanted.
+    pub liburing: Option<PathBuf>,
+    /// A line per run on standard error off a terminal (`--progress`).
+    pub progress: bool,
+}
