@@ -237,8 +237,9 @@ impl Netns {
         me
     }
 
-    /// One namespace with KERNEL.md's black hole: UDP to 192.0.2.2 leaves through a device that
-    /// drops it, with true zero-copy completions.
+    /// One namespace with the black hole of docs/kernel.md ("This machine (what a test can rely
+    /// on)"): UDP to 192.0.2.2 leaves through a device that drops it, with true zero-copy
+    /// completions.
     pub fn black_hole() -> Self {
         let me = Self::new(&["bh"]);
         let n = &me.0[0];

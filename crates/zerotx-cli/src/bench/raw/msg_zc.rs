@@ -3,9 +3,10 @@
 //! batch of sends ([`DEFAULT_BATCH`](crate::bench::settings::DEFAULT_BATCH), `--batch`), or when
 //! every buffer is in flight.
 //!
-//! - Each successful call takes the next completion id (KERNEL.md); a buffer records the id count
-//!   after its last call, and is released once every id below that completed (ids may complete
-//!   out of order: they are marked, and the watermark moves over the completed prefix).
+//! - Each successful call takes the next completion id (docs/kernel.md, "MSG_ZEROCOPY (sendmsg +
+//!   socket error queue)"); a buffer records the id count after its last call, and is released
+//!   once every id below that completed (ids may complete out of order: they are marked, and the
+//!   watermark moves over the completed prefix).
 //! - `ENOBUFS` is the zero-copy budget (no `IP_RECVERR` here, so no qdisc drop answers it): read
 //!   completions and retry; with no id in flight, send that buffer by copy (a fallback).
 //! - Anything else fails the run: in the black hole nothing else is expected.

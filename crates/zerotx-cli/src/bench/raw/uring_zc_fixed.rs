@@ -21,8 +21,8 @@
 //! otherwise also enters at once when nothing it submitted is in flight, so a lone send never
 //! waits. Both name the socket as a registered file (`IOSQE_FIXED_FILE`; zerotx for datagram
 //! sockets, while its ring has a slot free: `sys::uring::ring::FILE_SLOTS`). A stream socket is
-//! refused: several requests in flight reorder a stream (KERNEL.md), and zerotx keeps one in
-//! flight there, which is another program.
+//! refused: several requests in flight reorder a stream (docs/kernel.md, "io_uring SEND_ZC /
+//! SENDMSG_ZC"), and zerotx keeps one in flight there, which is another program.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -1,6 +1,7 @@
-//! UDP into the black hole (KERNEL.md): inside a fresh network namespace, a veth whose peer is
-//! down drops every datagram after the send, so zero-copy completions come back NOT copied: the
-//! role the `dummy` device plays in the kernel's io_uring results. Needs root.
+//! UDP into the black hole (docs/kernel.md, "This machine (what a test can rely on)"): inside a
+//! fresh network namespace, a veth whose peer is down drops every datagram after the send, so
+//! zero-copy completions come back NOT copied: the role the `dummy` device plays in the kernel's
+//! io_uring results. Needs root.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
