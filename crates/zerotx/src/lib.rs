@@ -121,6 +121,7 @@
 //! (where each piece lives, and why) is in the repository's `docs/architecture.md`.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 mod addr;
 mod buf;
