@@ -185,6 +185,7 @@ fn has_cap_ipc_lock() -> bool {
 }
 
 /// The running kernel's release (`uname -r`).
+#[doc(hidden)]
 pub fn kernel_release() -> String {
     sys::kernel_release().unwrap_or_else(|e| format!("unknown ({e})"))
 }
@@ -246,6 +247,7 @@ const THP_PMD_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/hugepages-204
 /// pages.
 ///
 /// [`BufPool::huge`]: crate::buf::BufPool::huge
+#[doc(hidden)]
 pub fn huge_page_mode() -> Option<String> {
     let read = |path| {
         std::fs::read_to_string(path)
@@ -267,6 +269,7 @@ fn thp_mode(text: &str) -> Option<String> {
 }
 
 /// Plain-words advice from a report (pure, so it is tested on made-up reports).
+#[doc(hidden)]
 pub fn advise(r: &ProbeReport) -> Vec<String> {
     let mut a = Vec::new();
     let zc = |k: &str| r.sockets.iter().any(|s| s.kind == k && s.zerocopy);
