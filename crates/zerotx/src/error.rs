@@ -141,6 +141,7 @@ impl From<Error> for io::Error {
 }
 
 /// A send that did not start. Every variant hands the buffer back.
+#[non_exhaustive]
 pub enum SendError<B> {
     /// The socket (or the kernel's zero-copy budget) is full: wait for
     /// [`Sender::readiness`](crate::Sender::readiness), [`reap`](crate::Sender::reap), retry.

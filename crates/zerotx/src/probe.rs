@@ -16,6 +16,7 @@ use crate::sys::{self, uring};
 /// Whether one socket kind takes `SO_ZEROCOPY`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct SocketSupport {
     /// `tcp4`, `udp6`, `unix`, `vsock`...
     pub kind: String,
@@ -28,6 +29,7 @@ pub struct SocketSupport {
 /// What io_uring offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct UringSupport {
     /// A ring could be created.
     pub available: bool,
@@ -44,6 +46,7 @@ pub struct UringSupport {
 /// What one real zero-copy send over loopback showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LoopbackCheck {
     /// `MSG_ZEROCOPY` over TCP loopback: the completion said COPIED. `None` if the check failed.
     pub msg_zerocopy_copied: Option<bool>,
@@ -56,6 +59,7 @@ pub struct LoopbackCheck {
 /// Everything [`probe()`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ProbeReport {
     /// `uname -r`.
     pub kernel: String,
