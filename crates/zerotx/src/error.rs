@@ -141,6 +141,7 @@ impl From<Error> for io::Error {
 }
 
 /// A send that did not start. Every variant hands the buffer back.
+#[non_exhaustive]
 pub enum SendError<B> {
     /// The socket (or the kernel's zero-copy budget) is full: wait for
     /// [`Sender::readiness`](crate::Sender::readiness), [`reap`](crate::Sender::reap), retry.
@@ -177,9 +178,20 @@ impl<B> SendError<B> {
     }
 }
 
+/// Names the variant and its reason or error; the buffer shows as `..` (`B` need not be `Debug`).
 impl<B> fmt::Debug for SendError<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
+        match self {
+            SendError::WouldBlock(_) => f.debug_struct("WouldBlock").finish_non_exhaustive(),
+            SendError::Invalid { reason, .. } => f
+                .debug_struct("Invalid")
+                .field("reason", reason)
+                .finish_non_exhaustive(),
+            SendError::Io { error, .. } => f
+                .debug_struct("Io")
+                .field("error", error)
+                .finish_non_exhaustive(),
+        }
     }
 }
 
@@ -206,5 +218,37 @@ impl<B> From<SendError<B>> for io::Error {
             }
             SendError::Io { error, .. } => error,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer type with no `Debug`: the error's `Debug` must not need one.
+    struct Opaque;
+
+    #[test]
+    fn send_error_debug_names_its_variant() {
+        let would_block = format!("{:?}", SendError::WouldBlock(Opaque));
+        assert_eq!(would_block, "WouldBlock { .. }");
+
+        let invalid = SendError::Invalid {
+            buf: Opaque,
+            reason: "an empty buffer: send at least one byte",
+        };
+        assert_eq!(
+            format!("{invalid:?}"),
+            r#"Invalid { reason: "an empty buffer: send at least one byte", .. }"#
+        );
+
+        let io = SendError::Io {
+            buf: Opaque,
+            error: io::Error::from_raw_os_error(libc::EPIPE),
+        };
+        let shown = format!("{io:?}");
+        assert!(shown.starts_with("Io { error: "), "{shown}");
+        assert!(shown.contains("code: 32"), "{shown}");
+        assert!(shown.ends_with(", .. }"), "{shown}");
     }
 }

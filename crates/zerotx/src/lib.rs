@@ -121,6 +121,7 @@
 //! (where each piece lives, and why) is in the repository's `docs/architecture.md`.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
 
 mod addr;
 mod buf;
@@ -134,7 +135,7 @@ mod ledger;
 pub mod probe;
 mod report;
 mod sender;
-pub mod socket;
+mod socket;
 mod sys;
 #[cfg(feature = "tokio")]
 pub mod tokio;
@@ -144,7 +145,7 @@ pub use buf::{map_sealed, BufPool, PoolBufMut, PooledBuf, SendBuf};
 pub use config::SenderConfig;
 pub use engine::{AtCap, UringConfig, UringShared};
 pub use error::{Error, Feature, SendError};
-pub use kind::{EngineKind, SockKind};
+pub use kind::{EngineKind, Family, SockKind, SockType};
 pub use probe::probe;
 pub use report::{CopyReason, Explanation, Readiness, Released, Report, SendPath, Stats};
 pub use sender::{leaked_buffers, Closed, Sender};
@@ -160,6 +161,17 @@ pub mod internals {
     /// The completion ledger.
     pub mod ledger {
         pub use crate::ledger::*;
+    }
+    /// Host facts the CLI and the VM checks print, and the probe's advice rule (tested on
+    /// made-up reports); users call [`probe()`](crate::probe()).
+    pub mod probe {
+        pub use crate::probe::{advise, huge_page_mode, kernel_release};
+    }
+    /// The size of the slices [`AsyncSender::write_all`](crate::tokio::AsyncSender::write_all)
+    /// cuts.
+    #[cfg(feature = "tokio")]
+    pub mod tokio {
+        pub use crate::tokio::WRITE_SLICE;
     }
     /// io_uring faults the kernel cannot produce on demand (a failed `io_uring_enter`, an SQE
     /// whose preparation fails), injected for the calling thread only.

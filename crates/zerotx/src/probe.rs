@@ -16,6 +16,7 @@ use crate::sys::{self, uring};
 /// Whether one socket kind takes `SO_ZEROCOPY`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct SocketSupport {
     /// `tcp4`, `udp6`, `unix`, `vsock`...
     pub kind: String,
@@ -28,6 +29,7 @@ pub struct SocketSupport {
 /// What io_uring offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct UringSupport {
     /// A ring could be created.
     pub available: bool,
@@ -44,6 +46,7 @@ pub struct UringSupport {
 /// What one real zero-copy send over loopback showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct LoopbackCheck {
     /// `MSG_ZEROCOPY` over TCP loopback: the completion said COPIED. `None` if the check failed.
     pub msg_zerocopy_copied: Option<bool>,
@@ -56,6 +59,7 @@ pub struct LoopbackCheck {
 /// Everything [`probe()`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
 pub struct ProbeReport {
     /// `uname -r`.
     pub kernel: String,
@@ -185,6 +189,7 @@ fn has_cap_ipc_lock() -> bool {
 }
 
 /// The running kernel's release (`uname -r`).
+#[doc(hidden)]
 pub fn kernel_release() -> String {
     sys::kernel_release().unwrap_or_else(|e| format!("unknown ({e})"))
 }
@@ -246,6 +251,7 @@ const THP_PMD_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/hugepages-204
 /// pages.
 ///
 /// [`BufPool::huge`]: crate::buf::BufPool::huge
+#[doc(hidden)]
 pub fn huge_page_mode() -> Option<String> {
     let read = |path| {
         std::fs::read_to_string(path)
@@ -267,6 +273,7 @@ fn thp_mode(text: &str) -> Option<String> {
 }
 
 /// Plain-words advice from a report (pure, so it is tested on made-up reports).
+#[doc(hidden)]
 pub fn advise(r: &ProbeReport) -> Vec<String> {
     let mut a = Vec::new();
     let zc = |k: &str| r.sockets.iter().any(|s| s.kind == k && s.zerocopy);

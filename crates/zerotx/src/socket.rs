@@ -3,7 +3,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Feature};
-pub use crate::kind::{Family, SockKind, SockType};
+pub(crate) use crate::kind::{Family, SockKind, SockType};
 use crate::sys;
 
 /// A socket checked for use by a sender.

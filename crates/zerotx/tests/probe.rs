@@ -1,7 +1,8 @@
 //! `probe()` on the running host (it opens real sockets and an io_uring, and sends over
 //! loopback) and the advice it derives from what it found.
 
-use zerotx::probe::{advise, probe};
+use zerotx::internals::probe::advise;
+use zerotx::probe;
 
 /// Huge pages off (`never`) is worth a word of advice (a `BufPool::huge` pool gets small pages);
 /// `madvise` and no transparent huge pages at all are not.

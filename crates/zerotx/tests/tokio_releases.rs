@@ -9,7 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::runtime::{Builder, Runtime};
-use zerotx::tokio::{AsyncSender, WRITE_SLICE};
+use zerotx::internals::tokio::WRITE_SLICE;
+use zerotx::tokio::AsyncSender;
 use zerotx::Error;
 
 use util::{fill, tcp_pair, Peer};

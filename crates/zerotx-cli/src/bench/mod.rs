@@ -154,7 +154,7 @@ pub fn run(opts: &Settings) -> anyhow::Result<Report> {
     progress.finish();
     Ok(Report {
         version: env!("CARGO_PKG_VERSION").into(),
-        kernel: zerotx::probe::kernel_release(),
+        kernel: zerotx::internals::probe::kernel_release(),
         host: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_default(),

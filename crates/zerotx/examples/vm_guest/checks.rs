@@ -302,7 +302,7 @@ fn through_slow_reader(t: Transport, kind: EngineKind, pool: &BufPool, register:
 /// block at once), and 200 datagrams through the dummy device that must come back NOT copied.
 pub fn huge_pool(kind: EngineKind) -> Check {
     const BLOCK: usize = 64 << 10;
-    let thp = zerotx::probe::huge_page_mode().unwrap_or_default();
+    let thp = zerotx::internals::probe::huge_page_mode().unwrap_or_default();
     let pool = BufPool::huge(BLOCK, 64).map_err(|e| format!("BufPool::huge: {e}"))?;
     // Every block read before anything is written.
     let mut blocks: Vec<PoolBufMut> = std::iter::from_fn(|| pool.take()).collect();
@@ -404,7 +404,7 @@ fn into_dummy(kind: EngineKind, pool: &BufPool, register: bool) -> Check {
 
 /// Whether this kernel has vsock zero-copy (6.7).
 pub fn vsock_zerocopy_expected() -> bool {
-    let release = zerotx::probe::kernel_release();
+    let release = zerotx::internals::probe::kernel_release();
     let mut nums = release
         .split(|c: char| !c.is_ascii_digit())
         .map(|n| n.parse::<u32>().unwrap_or(0));

@@ -473,7 +473,10 @@ fn fault_checks(run: &mut Run) {
 /// `zerotx_rounds=N` (a kernel parameter) runs the whole list N times: a failure that needs the
 /// checks before it to happen shows up in a later round.
 fn main() {
-    println!("VMTEST: kernel {}", zerotx::probe::kernel_release());
+    println!(
+        "VMTEST: kernel {}",
+        zerotx::internals::probe::kernel_release()
+    );
     let vsock_zc = checks::vsock_zerocopy_expected();
     let mut run = Run::default();
 

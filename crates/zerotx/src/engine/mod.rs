@@ -30,7 +30,7 @@ pub(crate) mod uring;
 pub use policy::auto::AtCap;
 pub use uring::{UringConfig, UringShared};
 
-pub use crate::kind::EngineKind;
+pub(crate) use crate::kind::EngineKind;
 
 use std::collections::VecDeque;
 use std::io;

@@ -15,14 +15,14 @@ use std::time::Duration;
 
 use socket2::SockAddr;
 
-pub mod uring;
+pub(crate) mod uring;
 
 /// `SO_ZEROCOPY` (asm-generic/socket.h); libc has it, spelled here so the number is visible.
-pub const SO_ZEROCOPY: libc::c_int = 60;
+pub(crate) const SO_ZEROCOPY: libc::c_int = 60;
 /// `MSG_ZEROCOPY` (linux/socket.h).
-pub const MSG_ZEROCOPY: libc::c_int = 0x400_0000;
+pub(crate) const MSG_ZEROCOPY: libc::c_int = 0x400_0000;
 /// The kernel-internal `ENOTSUPP`, which some protocols leak to userspace.
-pub const ENOTSUPP: i32 = 524;
+pub(crate) const ENOTSUPP: i32 = 524;
 
 /// Calls a libc function and turns a `-1` return into `io::Error::last_os_error()`.
 macro_rules! syscall {
@@ -41,7 +41,7 @@ macro_rules! syscall {
 /// Runs `f` again while it fails with `EINTR`: the one place that retries interrupted calls.
 /// Always inlined, so that a call it wraps stays in its caller's frame (see [`send_to`]).
 #[inline(always)]
-pub fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+pub(crate) fn retry<T>(mut f: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     loop {
         match f() {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -64,7 +64,7 @@ fn getsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int) -> 
 }
 
 /// `setsockopt(fd, level, name, &int)`.
-pub fn setsockopt_int(
+pub(crate) fn setsockopt_int(
     fd: BorrowedFd<'_>,
     level: libc::c_int,
     name: libc::c_int,
@@ -82,7 +82,7 @@ pub fn setsockopt_int(
 
 /// What `getsockopt(SO_DOMAIN/SO_TYPE/SO_PROTOCOL/SO_ACCEPTCONN)` and `getpeername` say of a socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RawSockInfo {
+pub(crate) struct RawSockInfo {
     /// `AF_*`.
     pub domain: i32,
     /// `SOCK_*`.
@@ -96,7 +96,7 @@ pub struct RawSockInfo {
 }
 
 /// Reads the socket's domain, type, protocol and state. `EBADF` and `ENOTSOCK` pass through.
-pub fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
+pub(crate) fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
     let domain = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_DOMAIN)?;
     let ty = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE)?;
     let protocol = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL)?;
@@ -120,7 +120,7 @@ pub fn sock_info(fd: BorrowedFd<'_>) -> io::Result<RawSockInfo> {
 
 /// Where an `AF_PACKET` socket is bound, from `getsockname(2)`'s `sockaddr_ll`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PacketBinding {
+pub(crate) struct PacketBinding {
     /// `sll_ifindex`: the interface a send without a name goes out on; 0 for none.
     pub ifindex: i32,
     /// `sll_halen`: the length of that interface's link-layer address (0: it has none, and a
@@ -129,7 +129,7 @@ pub struct PacketBinding {
 }
 
 /// `getsockname(2)` of an `AF_PACKET` socket: the interface it is bound to.
-pub fn packet_binding(fd: BorrowedFd<'_>) -> io::Result<PacketBinding> {
+pub(crate) fn packet_binding(fd: BorrowedFd<'_>) -> io::Result<PacketBinding> {
     let mut sll = MaybeUninit::<libc::sockaddr_ll>::zeroed();
     let mut len = mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
     syscall!(getsockname(
@@ -146,7 +146,7 @@ pub fn packet_binding(fd: BorrowedFd<'_>) -> io::Result<PacketBinding> {
 }
 
 /// `setsockopt(SOL_SOCKET, SO_ZEROCOPY, 1)`.
-pub fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
+pub(crate) fn enable_zerocopy(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY, 1)
 }
 
@@ -163,19 +163,19 @@ fn pmtu_option(v6: bool) -> (libc::c_int, libc::c_int) {
 /// `getsockopt(IP_MTU_DISCOVER)` (`IPV6_MTU_DISCOVER` with `v6`): the socket's path-MTU discovery
 /// mode (`IP_PMTUDISC_*`; IPv6 numbers its modes alike). An IPv6 socket answers the IPv4 option
 /// too: its mode for IPv4-mapped destinations.
-pub fn pmtu_mode(fd: BorrowedFd<'_>, v6: bool) -> io::Result<i32> {
+pub(crate) fn pmtu_mode(fd: BorrowedFd<'_>, v6: bool) -> io::Result<i32> {
     let (level, name) = pmtu_option(v6);
     getsockopt_int(fd, level, name)
 }
 
 /// `setsockopt(IP_MTU_DISCOVER)` (`IPV6_MTU_DISCOVER` with `v6`) to `mode`.
-pub fn set_pmtu_mode(fd: BorrowedFd<'_>, v6: bool, mode: i32) -> io::Result<()> {
+pub(crate) fn set_pmtu_mode(fd: BorrowedFd<'_>, v6: bool, mode: i32) -> io::Result<()> {
     let (level, name) = pmtu_option(v6);
     setsockopt_int(fd, level, name, mode)
 }
 
 /// `getsockopt(SOL_SOCKET, SO_ZEROCOPY)`: whether the socket already opted in.
-pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
+pub(crate) fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
     Ok(getsockopt_int(fd, libc::SOL_SOCKET, SO_ZEROCOPY)? != 0)
 }
 
@@ -193,7 +193,7 @@ pub fn zerocopy_enabled(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// So sends do not go through the `sendto` symbol: a library preloaded to intercept it (Onload,
 /// VMA, socket_wrapper) does not see them, and `pthread_cancel` does not act on them.
 #[inline(always)]
-pub fn send_to(
+pub(crate) fn send_to(
     fd: BorrowedFd<'_>,
     buf: &[u8],
     dest: Option<&SockAddr>,
@@ -214,7 +214,7 @@ pub fn send_to(
 /// How many entries [`refill_return_stack`] leaves: the return stack buffer's depth on the CPUs
 /// the project runs on (32), so every return up a caller's stack of that depth finds one.
 #[cfg(target_arch = "x86_64")]
-pub const RETURN_STACK_FILL: usize = 32;
+pub(crate) const RETURN_STACK_FILL: usize = 32;
 
 /// Where the kernel says how it mitigates Speculative Return Stack Overflow.
 #[cfg(target_arch = "x86_64")]
@@ -252,7 +252,7 @@ fn fill_pays_here() -> bool {
 /// without one it is a no-op, and the register keeps the 0 the block put there), which would
 /// fault at a return after calls that are never returned from. A no-op off x86-64.
 #[inline(always)]
-pub fn refill_return_stack() {
+pub(crate) fn refill_return_stack() {
     #[cfg(target_arch = "x86_64")]
     if fill_pays_here() {
         fill_return_stack();
@@ -313,19 +313,19 @@ fn fill_return_stack() {
 }
 
 /// How many buffers [`send_gather`] takes per call, at most.
-pub const GATHER_MAX: usize = 32;
+pub(crate) const GATHER_MAX: usize = 32;
 
 /// How many bytes the engines hand [`send_gather`] per call, at most. Gathering pays for small
 /// buffers, whose per-call cost it shares; a write far larger than the socket takes at once only
 /// leaves most of the batch waiting (docs/fast-path.md, "Gathered writes").
-pub const GATHER_BYTES: usize = 1 << 20;
+pub(crate) const GATHER_BYTES: usize = 1 << 20;
 
 /// `sendmsg(2)` of several buffers as one write on a connected stream socket (`MSG_DONTWAIT`,
 /// `MSG_NOSIGNAL`): the kernel takes a prefix of their bytes in order, like `writev(2)`. Returns
 /// how many bytes it took, never 0: a write that took nothing and said no error (a stream should
 /// not answer so) is `WouldBlock`, as a full socket's. At most [`GATHER_MAX`] buffers.
 #[inline(always)]
-pub fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
+pub(crate) fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Result<usize> {
     debug_assert!(bufs.len() <= GATHER_MAX);
     let flags =
         rustix::net::SendFlags::from_bits_retain((libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32);
@@ -344,7 +344,7 @@ pub fn send_gather(fd: BorrowedFd<'_>, bufs: &[std::io::IoSlice<'_>]) -> io::Res
 /// it while the run stays within [`GATHER_MAX`] buffers and [`GATHER_BYTES`] bytes. It ends
 /// before an empty buffer (empty if the first is), which the caller refuses on its own.
 #[inline(always)]
-pub fn gather_run<'a>(
+pub(crate) fn gather_run<'a>(
     bufs: impl Iterator<Item = &'a [u8]>,
 ) -> smallvec::SmallVec<[std::io::IoSlice<'a>; GATHER_MAX]> {
     let mut total = 0;
@@ -395,14 +395,17 @@ pub(crate) fn send_msghdr(iov: &[libc::iovec], dest: Option<&SockAddr>) -> libc:
 
 /// One message read from the socket error queue.
 #[derive(Debug, Clone, Copy)]
-pub struct ErrQueueRead {
+pub(crate) struct ErrQueueRead {
     /// Bytes of control data the kernel wrote into the buffer.
     pub control_len: usize,
 }
 
 /// `recvmsg(fd, MSG_ERRQUEUE | MSG_DONTWAIT)` into `control`. `Ok(None)` when the queue is empty.
 /// A message whose control data did not fit (`MSG_CTRUNC`) is an error, never a partial decode.
-pub fn recv_errqueue(fd: BorrowedFd<'_>, control: &mut [u8]) -> io::Result<Option<ErrQueueRead>> {
+pub(crate) fn recv_errqueue(
+    fd: BorrowedFd<'_>,
+    control: &mut [u8],
+) -> io::Result<Option<ErrQueueRead>> {
     // SAFETY: msghdr is a plain C struct for which all-zeroes is a valid value.
     let mut msg: libc::msghdr = unsafe { mem::zeroed() };
     msg.msg_control = control.as_mut_ptr().cast();
@@ -433,7 +436,7 @@ pub fn recv_errqueue(fd: BorrowedFd<'_>, control: &mut [u8]) -> io::Result<Optio
 
 /// `poll(2)` on one fd; returns `revents` (0 on timeout). `None` waits forever.
 /// Takes a raw descriptor: a stale one makes poll report `POLLNVAL`, never touch other memory.
-pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
+pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
     let ms = timeout.map_or(-1, poll_millis);
     let mut pfd = libc::pollfd {
         fd,
@@ -445,7 +448,7 @@ pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result
 }
 
 /// `net.core.optmem_max` of the calling thread's network namespace, bytes; `None` if unreadable.
-pub fn optmem_max() -> Option<u64> {
+pub(crate) fn optmem_max() -> Option<u64> {
     std::fs::read_to_string("/proc/sys/net/core/optmem_max")
         .ok()?
         .trim()
@@ -455,7 +458,7 @@ pub fn optmem_max() -> Option<u64> {
 
 /// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)`: CPU time the calling thread has used, nanoseconds
 /// (0 if the clock cannot be read, which `auto`'s tuner treats as no measurement).
-pub fn thread_cpu_ns() -> u64 {
+pub(crate) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -477,7 +480,7 @@ fn poll_millis(d: Duration) -> i32 {
 /// number fails with `EBADF` (or duplicates whatever now has it), never touches memory: the
 /// caller must know `fd` is open, as with any descriptor number.
 #[cfg(feature = "tokio")]
-pub fn dup_raw(fd: RawFd) -> io::Result<OwnedFd> {
+pub(crate) fn dup_raw(fd: RawFd) -> io::Result<OwnedFd> {
     let new = syscall!(fcntl(fd, libc::F_DUPFD_CLOEXEC, 0))?;
     // SAFETY: fcntl returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
@@ -495,14 +498,14 @@ pub(crate) fn async_fd(
 }
 
 /// `socket(2)` with `SOCK_CLOEXEC`.
-pub fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
+pub(crate) fn socket(domain: i32, ty: i32, protocol: i32) -> io::Result<OwnedFd> {
     let fd = syscall!(socket(domain, ty | libc::SOCK_CLOEXEC, protocol))?;
     // SAFETY: socket(2) returned a fresh descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// `uname(2)`: the kernel release string.
-pub fn kernel_release() -> io::Result<String> {
+pub(crate) fn kernel_release() -> io::Result<String> {
     let mut uts = MaybeUninit::<libc::utsname>::zeroed();
     syscall!(uname(uts.as_mut_ptr()))?;
     // SAFETY: uname succeeded, so the struct is initialised and release is NUL-terminated.
@@ -517,7 +520,7 @@ pub fn kernel_release() -> io::Result<String> {
 }
 
 /// `getrlimit(RLIMIT_MEMLOCK)`: (soft, hard) in bytes, `None` for unlimited.
-pub fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
+pub(crate) fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -529,7 +532,7 @@ pub fn memlock_limit() -> io::Result<(Option<u64>, Option<u64>)> {
 
 /// `ioctl(/dev/vsock, IOCTL_VM_SOCKETS_GET_LOCAL_CID)`: this host's vsock CID, if a transport is
 /// loaded.
-pub fn vsock_local_cid() -> io::Result<u32> {
+pub(crate) fn vsock_local_cid() -> io::Result<u32> {
     const IOCTL_VM_SOCKETS_GET_LOCAL_CID: libc::c_ulong = 0x7b9;
     let dev = std::fs::File::open("/dev/vsock")?;
     let mut cid: u32 = u32::MAX;

@@ -71,7 +71,7 @@
 //! ## Never blocking an executor thread
 //! [`flush`](AsyncSender::flush) and [`close`](AsyncSender::close) are async with a deadline.
 //! Dropping an `AsyncSender` that still has buffers in the kernel does not wait in `Drop`: its
-//! driver task goes on collecting completions for up to [`DROP_DEADLINE`], then closes the
+//! driver task goes on collecting completions for up to five seconds, then closes the
 //! sender; buffers still held then are kept (counted in [`leaked_buffers`](crate::leaked_buffers)),
 //! never freed. When the runtime shuts down before that (dropping the task), the sender closes
 //! at once, without waiting: what the kernel may still read is kept the same way, so a runtime
@@ -109,6 +109,7 @@ mod write_all;
 pub use releases::Releases;
 pub use ring::thread_ring;
 pub use sockets::TcpReadHalf;
+#[doc(hidden)]
 pub use write_all::WRITE_SLICE;
 
 use std::collections::VecDeque;
@@ -134,7 +135,7 @@ use driver::{Leave, Shared, Waker};
 
 /// How long the driver of a dropped [`AsyncSender`] goes on collecting completions before it
 /// closes the sender and keeps (leaks) what the kernel still holds.
-pub const DROP_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const DROP_DEADLINE: Duration = Duration::from_secs(5);
 
 /// A [`Sender`] driven by tokio's reactor: async sends with backpressure, released buffers
 /// back asynchronously, async flush and close. See the [module docs](self).

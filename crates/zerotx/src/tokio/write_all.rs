@@ -15,7 +15,7 @@ use crate::report::Released;
 pub const WRITE_SLICE: usize = 256 << 10;
 
 impl AsyncSender<Bytes> {
-    /// Sends all of `data`, in slices of at most [`WRITE_SLICE`] bytes that share its storage
+    /// Sends all of `data`, in slices of at most 256 KiB that share its storage
     /// (`Bytes::slice`: no copy), and resolves once the kernel released every slice. Fails with
     /// the first failure: a slice the sender refused ([`Error::Io`]), or a slice released with an
     /// error ([`Error::Failed`]: the peer did not get all its bytes; on a stream, nothing more

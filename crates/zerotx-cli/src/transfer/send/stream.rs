@@ -304,6 +304,10 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
                 let e = peer_error(&error, end.bytes);
                 return end.close(tx, stream, Duration::ZERO, Some(e));
             }
+            Err(other) => {
+                let e = anyhow::anyhow!("the engine refused a send: {other}");
+                return end.close(tx, stream, Duration::ZERO, Some(e));
+            }
         }
         match end.account(&mut tx, &mut released, &ctl.counters) {
             Ok(true) => last_progress = Instant::now(),

@@ -39,13 +39,13 @@ use std::sync::OnceLock;
 use io_uring::{cqueue, opcode, types, IoUring, Probe};
 
 /// `IORING_SEND_ZC_REPORT_USAGE` (6.2): the notification says whether the data was copied.
-pub const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+pub(crate) const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 /// `IORING_NOTIF_USAGE_ZC_COPIED`: bit 31 of a notification's `res`.
-pub const NOTIF_USAGE_ZC_COPIED: i32 = i32::MIN;
+pub(crate) const NOTIF_USAGE_ZC_COPIED: i32 = i32::MIN;
 
 /// What io_uring offers on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UringProbe {
+pub(crate) struct UringProbe {
     /// `IORING_OP_SEND_ZC` (6.0).
     pub send_zc: bool,
     /// `IORING_OP_SENDMSG_ZC` (6.1).
@@ -56,7 +56,7 @@ pub struct UringProbe {
 /// `zerotx::probe()` share the answer instead of setting up a throwaway ring each time. A refusal
 /// is permanent for the process: `ENOSYS` (not built in), `EPERM` (`kernel.io_uring_disabled` or
 /// seccomp).
-pub fn probe() -> io::Result<UringProbe> {
+pub(crate) fn probe() -> io::Result<UringProbe> {
     static CACHE: OnceLock<Result<UringProbe, i32>> = OnceLock::new();
     CACHE
         .get_or_init(|| ask().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)))
@@ -80,7 +80,7 @@ fn ask() -> io::Result<UringProbe> {
 /// itself on 127.0.0.1. `EINVAL` means absent. Any other failure counts as absent too: without the
 /// flag zerotx cannot tell a copied send from a zero-copy one, but with a flag the kernel lacks
 /// every request would fail its preparation.
-pub fn report_usage() -> bool {
+pub(crate) fn report_usage() -> bool {
     static CACHE: OnceLock<bool> = OnceLock::new();
     *CACHE.get_or_init(|| {
         let check = || -> io::Result<bool> {
@@ -123,7 +123,7 @@ pub(crate) fn pin_charge(bytes: usize) -> usize {
 /// interrupts the wait, not the request). If waiting fails otherwise with the request submitted,
 /// the kernel may still read the copy after the ring is gone (closing a ring cancels its requests
 /// asynchronously): the copy is leaked, never freed, and the error returned.
-pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
+pub(crate) fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
     let mut ring = IoUring::new(4)?;
     let copy: Box<[u8]> = buf.into();
     let len = u32::try_from(copy.len())
