@@ -271,8 +271,41 @@ fn a_stream_on_a_second_runtime_does_not_wait_for_an_idle_first() {
 /// reaps the ring before the event loop runs again.
 #[test]
 fn a_completion_another_sender_reaped_wakes_its_owner() {
-    use std::io::Read;
     for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        reaped_by_another(kind);
+    }
+}
+
+/// The same, with the ring shared by a second runtime that is not being driven (its watcher of
+/// the ring waits, and cannot run): the wake-up must reach this runtime's watcher, not only the
+/// first watcher in line.
+#[test]
+fn a_completion_another_sender_reaped_wakes_its_owner_beside_an_idle_runtime() {
+    for kind in [EngineKind::Uring, EngineKind::UringZc] {
+        let idle_rt = Builder::new_current_thread().enable_all().build().unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (sock, peer) = stalled_pair(&l);
+        let idle = idle_rt.block_on(async {
+            let ring = thread_ring().expect("ring");
+            let tx = AsyncSender::<Vec<u8>>::with_config(sock, SenderConfig::shared(kind, &ring))
+                .expect("a sender on the idle runtime");
+            // Its watcher starts, routes once, and waits.
+            for _ in 0..8 {
+                tokio::task::yield_now().await;
+            }
+            tx
+        });
+        reaped_by_another(kind);
+        drop(peer);
+        idle_rt.block_on(async { drop(idle.close(Duration::from_secs(2)).await) });
+    }
+}
+
+/// Sender A's request parks, A's flush waits, the kernel completes the request and sender B
+/// reaps it into A's inbox before the event loop runs: A's flush must end.
+fn reaped_by_another(kind: EngineKind) {
+    use std::io::Read;
+    {
         let rt = Builder::new_current_thread().enable_all().build().unwrap();
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         rt.block_on(async {

@@ -64,10 +64,11 @@ pub fn thread_ring() -> Result<UringShared, Error> {
 struct RingDrivers {
     ring: UringShared,
     map: Mutex<HashMap<u16, Arc<Notify>>>,
-    /// Wakes a watcher of the ring when a reap outside the watchers (a driver, an owner's call)
-    /// moved completions into another sender's inbox: the ring's readiness may never tell (see
-    /// the module docs).
-    routed: Arc<Notify>,
+    /// The wake-ups of the ring's watchers (one per runtime), which the ring's inbox hook calls
+    /// when a reap outside the watchers (a driver, an owner's call) moved completions into another
+    /// sender's inbox: the ring's readiness may never tell (see the module docs). Every watcher is
+    /// woken, not one: one whose runtime is not being driven must not take the only wake-up.
+    routed: Arc<Mutex<Vec<Weak<Notify>>>>,
     /// The hook set on the ring that wakes `routed`.
     hook: InboxHook,
 }
@@ -98,9 +99,13 @@ fn ring_drivers(ring: &UringShared) -> Arc<RingDrivers> {
     {
         return d;
     }
-    let routed = Arc::new(Notify::new());
-    let wake = routed.clone();
-    let hook: InboxHook = Arc::new(move || wake.notify_one());
+    let routed: Arc<Mutex<Vec<Weak<Notify>>>> = Arc::default();
+    let watchers = routed.clone();
+    let hook: InboxHook = Arc::new(move || {
+        for w in lock(&watchers).iter().filter_map(Weak::upgrade) {
+            w.notify_one();
+        }
+    });
     ring.on_inbox(hook.clone());
     let d = Arc::new(RingDrivers {
         ring: ring.clone(),
@@ -120,6 +125,8 @@ pub(super) struct Watcher {
     state: Mutex<WatchState>,
     /// Wakes the watcher's task to see whether any driver is left.
     stop: Notify,
+    /// Wakes the watcher's task to route: the ring's inbox hook calls it.
+    routed: Arc<Notify>,
 }
 
 struct WatchState {
@@ -231,6 +238,12 @@ fn start(drivers: Arc<RingDrivers>, runtime: Id) -> Result<Arc<Watcher>, Error> 
         context: "registering the shared io_uring's descriptor with tokio (epoll_ctl)",
         source,
     })?;
+    let routed = Arc::new(Notify::new());
+    {
+        let mut list = lock(&drivers.routed);
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(&routed));
+    }
     let watcher = Arc::new(Watcher {
         drivers,
         runtime,
@@ -239,6 +252,7 @@ fn start(drivers: Arc<RingDrivers>, runtime: Id) -> Result<Arc<Watcher>, Error> 
             alive: true,
         }),
         stop: Notify::new(),
+        routed,
     });
     ::tokio::spawn(watch(watcher.clone(), io));
     Ok(watcher)
@@ -264,6 +278,9 @@ async fn watch(watcher: Arc<Watcher>, io: AsyncFd<OwnedFd>) {
     let ended = Ended(watcher);
     let w = &ended.0;
     let mut woken = Vec::new();
+    // A new watcher routes once before it waits: completions moved into inboxes while the ring
+    // had no hook (before its first async sender) told nobody, and their owners wait to be named.
+    w.routed.notify_one();
     loop {
         let guard = ::tokio::select! {
             biased;
@@ -276,7 +293,7 @@ async fn watch(watcher: Arc<Watcher>, io: AsyncFd<OwnedFd>) {
                 }
                 continue;
             }
-            () = w.drivers.routed.notified() => None,
+            () = w.routed.notified() => None,
             g = io.readable() => Some(g),
         };
         let guard = match guard {
