@@ -6,6 +6,7 @@
 mod util;
 
 use std::net::UdpSocket;
+use std::os::fd::AsFd;
 use std::time::Duration;
 
 use util::{tcp_pair, Peer};
@@ -202,9 +203,14 @@ fn zero_copy_comes_back_when_the_route_starts_paying() {
         for (family, cfg) in configs() {
             // A local reader, so loopback datagrams are received (and copied), not dropped.
             let sink = UdpSocket::bind("127.0.0.1:0").unwrap();
-            socket2::SockRef::from(&sink)
-                .set_recv_buffer_size(8 << 20)
-                .unwrap();
+            // Forced: `SO_RCVBUF` is capped at net.core.rmem_max (about 416 KiB by default),
+            // which does not hold the datagrams between two paced flushes on every host.
+            util::set_int_opt(
+                sink.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUFFORCE,
+                8 << 20,
+            );
             let local = sink.local_addr().unwrap();
             sink.set_read_timeout(Some(Duration::from_millis(200)))
                 .unwrap();
