@@ -10,12 +10,10 @@ use super::Engine;
 /// Sends between two non-blocking reaps, and buffers per `send_batch` call for zerotx's engines,
 /// unless `--batch` says otherwise.
 ///
-/// The batch is what a library call amortises: the call itself, and, on the VMs this runs on, a
-/// return after a system call that finds a stale entry on the CPU's return stack, which costs
-/// 0.5-0.8 us (benches/syscall-return.c). The raw loops, whose system calls are inlined into
-/// [`measure`](super::runner::measure), never make such a return; the library fills the return stack after its system
-/// calls (`sys::refill_return_stack`) so that its own cost little (at `--batch 1`, `copy` went
-/// from 0.71-0.75x to 0.88-0.90x `raw-copy` with the fill).
+/// The batch is what a library call amortises: the call itself, and the returns after its system
+/// calls, which the raw loops (inlined into [`measure`](super::runner::measure)) never make and
+/// the library makes cheap with its return-stack fill (docs/fast-path.md, "The return-stack
+/// fill"; the figures are in benches/HISTORY.md).
 pub const DEFAULT_BATCH: usize = 32;
 
 /// The largest `--batch`: half the io_uring rings' submission queues (256 entries, zerotx's
