@@ -74,5 +74,7 @@ cargo test --workspace
 # The async sender and the object server (feature tokio): only their own tests, so the rest of
 # zerotx's suite is not built and run a second time with the feature on (~20 s).
 echo "== cargo test --features tokio (async sender, object server with curl and a load test)"
+# The object server's tests run its example binary; `--test` targets alone do not build examples.
+cargo build -p zerotx --features tokio --example object_server
 cargo test -p zerotx --features tokio --test tokio_sender --test tokio_server --test tokio_broken --test tokio_shutdown --test tokio_ring
 cargo test -p zerotx --features tokio --doc tokio

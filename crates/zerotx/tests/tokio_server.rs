@@ -423,7 +423,8 @@ fn head_requests_get_the_head_alone() {
     }
 }
 
-/// The example's binary, which `cargo test` builds beside the test binaries.
+/// The example's binary, which `scripts/test.sh` builds before the tokio tests (`--test` targets
+/// alone do not build examples).
 fn object_server_bin() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe
@@ -433,7 +434,7 @@ fn object_server_bin() -> std::path::PathBuf {
         .join("examples/object_server");
     assert!(
         bin.exists(),
-        "{} is missing: cargo test -p zerotx --features tokio builds it",
+        "{} is missing: ./scripts/test.sh builds it (cargo build -p zerotx --features tokio --example object_server)",
         bin.display()
     );
     bin
