@@ -11,7 +11,10 @@
 #     it, or unclear, is listed again at the end, split into auto / the engine that makes the same
 #     system calls as what auto chose (auto's own overhead) and that engine / the best (the choice
 #     of mechanism, plus the pick of the best of five noisy columns).
-# Run it before and after a change to the engines, in one session, and quote both. Needs root
+# Run it before and after a change to the engines, in one session, and quote both. The auto rows
+# pick the best of five columns from the same noisy runs: with REPEAT=5 a perfect auto misses
+# 0.95 in some cell unless one run's noise is well under 5%; REPEAT=20 is the shortest run that
+# says much about them (benches/HISTORY.md, "auto against the best single engine, cell by cell"). Needs root
 # (the black hole is a private network namespace). About 4 minutes with the defaults:
 #
 #   DURATION=0.4 REPEAT=5 ./scripts/perf-check.sh [extra zerotx bench flags]
