@@ -5,6 +5,9 @@
 //!   a static neighbour entry. UDP to [`BlackHole::v4`] or [`BlackHole::v6`] leaves through the
 //!   device, which drops it after the send: true zero-copy completions on one machine, the role
 //!   the `dummy` device plays in the kernel's io_uring benchmarks. Nothing leaves the namespace.
+//! - The black hole *with carrier* ([`carrier_black_hole`]): the veth peer is up in a second
+//!   namespace that drops everything at ingress, so the device's transmit path (and GSO
+//!   segmentation, in software or not) runs as on a NIC.
 //!
 //! Namespaces are per thread: [`in_new_netns`] runs a closure on a thread that called
 //! `unshare(CLONE_NEWNET)`; sockets it makes and commands it spawns (`ip`) live in that namespace.
@@ -13,6 +16,10 @@
 //! A crate of its own because none of it is zero-copy sending: the library stays free of process
 //! management, and the tests, the benchmark and the examples share one copy of it.
 #![deny(missing_docs)]
+
+mod carrier;
+
+pub use carrier::{carrier_black_hole, CarrierBlackHole, Segmentation};
 
 use std::io;
 use std::mem;
