@@ -46,6 +46,7 @@ fn carrier_topologies_print_per_datagram_and_train_rows() {
 
     for topology in ["udp-carrier", "udp-carrier-sw"] {
         assert!(table.contains(&format!("\n{topology}: UDP")), "{table}");
+        assert!(table.contains("raw-train-msg-zc/copy"), "{table}");
         let t = report["topologies"]
             .as_array()
             .unwrap()

@@ -57,7 +57,9 @@ impl Engine {
     /// The minimal senders written for the comparison (`--baselines`).
     pub const RAW: [Engine; 3] = [Engine::RawCopy, Engine::RawMsgZc, Engine::RawUringZcFixed];
 
-    /// The raw UDP GSO train loops (`--trains`): the baselines of datagram trains.
+    /// The raw UDP GSO train loops (`--trains`): the baselines of datagram trains. zerotx's own
+    /// train columns join them here and in [`is_train`](Self::is_train); `Cells` gives every
+    /// train column a ring of `size x datagrams`-byte buffers and the datagram count.
     pub const TRAINS: [Engine; 2] = [Engine::RawTrainCopy, Engine::RawTrainMsgZc];
 
     /// Whether one send is a train of datagrams of the cell's size (one `UDP_SEGMENT` call).
