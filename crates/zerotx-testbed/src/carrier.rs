@@ -14,10 +14,15 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 
-use super::{ip, unshare_netns, DEVICE};
+/// The sending device's name, as the peer-down black hole's ([`DEVICE`](crate::DEVICE)).
+const DEVICE: &str = "zc0";
 
 /// The peer's device name, inside the peer's namespace.
 const PEER: &str = "zc1";
+
+fn ip(args: &[&str]) -> io::Result<()> {
+    run("ip", "iproute2", args, "")
+}
 
 /// How the sending device treats a UDP GSO train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,7 +83,10 @@ fn run(program: &str, package: &str, args: &[&str], stdin: &str) -> io::Result<(
 fn new_netns() -> io::Result<OwnedFd> {
     std::thread::scope(|s| {
         s.spawn(|| -> io::Result<OwnedFd> {
-            unshare_netns()?;
+            // SAFETY: unshare takes no pointers; it moves only the calling thread.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } == -1 {
+                return Err(io::Error::last_os_error());
+            }
             Ok(std::fs::File::open("/proc/thread-self/ns/net")?.into())
         })
         .join()
