@@ -47,7 +47,33 @@ pub struct CarrierBlackHole {
     /// How the sending device treats a UDP GSO train.
     pub segmentation: Segmentation,
     /// The peer's network namespace, held open.
-    _peer: OwnedFd,
+    peer: OwnedFd,
+}
+
+impl CarrierBlackHole {
+    /// Packets the peer dropped at its ingress so far: a train the device took whole counts
+    /// once, a train segmented in software once per datagram.
+    pub fn dropped(&self) -> io::Result<u64> {
+        let listing = in_netns(&self.peer, || {
+            let out = Command::new("nft")
+                .args(["list", "chain", "netdev", "bh", "in"])
+                .output()?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "`nft list chain netdev bh in` failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        })?;
+        let mut words = listing.split_whitespace();
+        words
+            .by_ref()
+            .find(|w| *w == "packets")
+            .and_then(|_| words.next())
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("no packet counter in: {listing}")))
+    }
 }
 
 /// Runs `program args` with `stdin`; its failure names the command and what it printed.
@@ -134,14 +160,14 @@ pub fn carrier_black_hole(mtu: u32, segmentation: Segmentation) -> io::Result<Ca
     ])?;
     in_netns(&peer, || {
         // Dropped at the device's ingress, before any protocol handler: nothing is delivered
-        // (a local delivery would copy), nothing answers (no ARP, no ICMP).
+        // (a local delivery would copy), nothing answers (no ARP, no ICMP). Counted first.
         run(
             "nft",
             "nftables",
             &["-f", "-"],
             &format!(
                 "table netdev bh {{\n  chain in {{\n    type filter hook ingress device {PEER} \
-                 priority 0; policy drop;\n  }}\n}}\n"
+                 priority 0; policy drop;\n    counter\n  }}\n}}\n"
             ),
         )?;
         ip(&["link", "set", PEER, "up"])
@@ -173,6 +199,6 @@ pub fn carrier_black_hole(mtu: u32, segmentation: Segmentation) -> io::Result<Ca
         v6: SocketAddrV6::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2), 9, 0, 0).into(),
         mtu,
         segmentation,
-        _peer: peer,
+        peer,
     })
 }
