@@ -1,7 +1,8 @@
 //! The black hole *with carrier* (docs/kernel.md, "This machine (what a test can rely on)"): a
 //! veth whose peer is up in a second network namespace, where an nftables `netdev` ingress chain
-//! drops every packet before any protocol handler. Unlike the peer-down [`black_hole`]
-//! (crate::black_hole), which drops at the sender's queue, the device's whole transmit path runs
+//! drops every packet before any protocol handler. Unlike the peer-down
+//! [`black_hole`](crate::black_hole), which drops at the sender's queue, the device's whole
+//! transmit path runs
 //! (the queue, GSO segmentation, the device's transmit), as on a NIC, and zero-copy completions
 //! still come back NOT copied. With [`Segmentation::Software`] the sending device has UDP
 //! segmentation offload off (`ethtool -K zc0 tx-udp-segmentation off`), so the kernel segments
