@@ -7,14 +7,11 @@
 //! hole drops a train at the queue, unsegmented, and so flatters trains. Needs root, `nft` and,
 //! for software segmentation, `ethtool`.
 
-use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::OwnedFd;
-use std::time::Duration;
-
 use anyhow::Context;
 use zerotx_testbed::{self as testbed, Segmentation};
 
-use super::{Body, Cpus, Site, Topology};
+use super::udp_blackhole::BlackHoleSite;
+use super::{Body, Cpus, Topology};
 
 /// A NIC's MTU: datagrams and train segments up to 1472 B of UDP payload over IPv4.
 const MTU: u32 = 1500;
@@ -58,7 +55,7 @@ impl Topology for UdpCarrier {
             cpus.pin_sender();
             let bh = testbed::carrier_black_hole(MTU, segmentation)
                 .context("building the black hole with carrier")?;
-            body(&mut CarrierSite { dest: bh.v4 });
+            body(&mut BlackHoleSite { dest: bh.v4 });
             Ok(())
         });
         match built {
@@ -67,26 +64,5 @@ impl Topology for UdpCarrier {
                 "{e} (run as root to measure true zero-copy)"
             )),
         }
-    }
-}
-
-struct CarrierSite {
-    dest: SocketAddr,
-}
-
-impl Site for CarrierSite {
-    fn open(&mut self) -> anyhow::Result<OwnedFd> {
-        let sock = UdpSocket::bind("0.0.0.0:0")?;
-        sock.connect(self.dest)?;
-        Ok(sock.into())
-    }
-
-    /// The sink is the peer's ingress hook, run by the sender's own softirq: no other CPU.
-    fn sink_cpu(&mut self) -> anyhow::Result<Duration> {
-        Ok(Duration::ZERO)
-    }
-
-    fn udp_target(&self) -> Option<SocketAddr> {
-        Some(self.dest)
     }
 }
