@@ -11,19 +11,17 @@
 //! Needs root, `ip` (iproute2), `nft` (nftables) and, for software segmentation, `ethtool`.
 
 use std::io::{self, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
+
+use crate::link::{self, ip};
 
 /// The sending device's name, as the peer-down black hole's ([`DEVICE`](crate::DEVICE)).
 const DEVICE: &str = "zc0";
 
 /// The peer's device name, inside the peer's namespace.
 const PEER: &str = "zc1";
-
-fn ip(args: &[&str]) -> io::Result<()> {
-    run("ip", "iproute2", args, "")
-}
 
 /// How the sending device treats a UDP GSO train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +50,7 @@ pub struct CarrierBlackHole {
 }
 
 impl CarrierBlackHole {
-    /// Packets the peer dropped at its ingress so far: a train the device took whole counts
+    /// UDP packets the peer dropped at its ingress so far: a train the device took whole counts
     /// once, a train segmented in software once per datagram.
     pub fn dropped(&self) -> io::Result<u64> {
         let listing = in_netns(&self.peer, || {
@@ -149,26 +147,17 @@ pub fn carrier_black_hole(mtu: u32, segmentation: Segmentation) -> io::Result<Ca
         "link", "add", DEVICE, "mtu", &mtu_s, "type", "veth", "peer", "name", PEER, "mtu", &mtu_s,
         "netns", &peer_path,
     ])?;
-    ip(&["addr", "add", "192.0.2.1/24", "dev", DEVICE])?;
-    ip(&[
-        "-6",
-        "addr",
-        "add",
-        "2001:db8::1/64",
-        "dev",
-        DEVICE,
-        "nodad",
-    ])?;
     in_netns(&peer, || {
         // Dropped at the device's ingress, before any protocol handler: nothing is delivered
-        // (a local delivery would copy), nothing answers (no ARP, no ICMP). Counted first.
+        // (a local delivery would copy), nothing answers (no ARP, no ICMP). UDP is counted
+        // first (not the kernel's own IPv6 router solicitations and MLD reports).
         run(
             "nft",
             "nftables",
             &["-f", "-"],
             &format!(
                 "table netdev bh {{\n  chain in {{\n    type filter hook ingress device {PEER} \
-                 priority 0; policy drop;\n    counter\n  }}\n}}\n"
+                 priority 0; policy drop;\n    meta l4proto udp counter\n  }}\n}}\n"
             ),
         )?;
         ip(&["link", "set", PEER, "up"])
@@ -182,22 +171,10 @@ pub fn carrier_black_hole(mtu: u32, segmentation: Segmentation) -> io::Result<Ca
         )?;
     }
     ip(&["link", "set", DEVICE, "up"])?;
-    // Nobody answers neighbour discovery: static entries.
-    let mac = "02:00:00:00:00:02";
-    ip(&["neigh", "add", "192.0.2.2", "lladdr", mac, "dev", DEVICE])?;
-    ip(&[
-        "-6",
-        "neigh",
-        "add",
-        "2001:db8::2",
-        "lladdr",
-        mac,
-        "dev",
-        DEVICE,
-    ])?;
+    let (v4, v6) = link::addresses(DEVICE)?;
     Ok(CarrierBlackHole {
-        v4: SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 9).into(),
-        v6: SocketAddrV6::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2), 9, 0, 0).into(),
+        v4,
+        v6,
         mtu,
         segmentation,
         peer,
