@@ -14,7 +14,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
 [ "$(id -u)" = 0 ] || missing+=("root (network namespaces, sysctls, limits)")
-for tool in ip tc nft socat nc curl iperf3 cc cargo-fuzz; do
+for tool in ip tc nft ethtool socat nc curl iperf3 cc cargo-fuzz; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 [ -e /usr/include/liburing.h ] || missing+=("liburing-dev (/usr/include/liburing.h)")

@@ -93,8 +93,30 @@ guest=target/x86_64-unknown-linux-gnu/release/examples/vm_guest
 host_rx=$PWD/target/x86_64-unknown-linux-gnu/release/examples/vm_host
 echo "== building the zerotx command (static) for its send/recv checks in the guest"
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build -q --release -p zerotx-cli --target x86_64-unknown-linux-gnu
+  cargo build -q --release -p zerotx-cli --bins --example train_rules --target x86_64-unknown-linux-gnu
 cli=target/x86_64-unknown-linux-gnu/release/zerotx
+train_rules=target/x86_64-unknown-linux-gnu/release/examples/train_rules
+
+# The kernel's UDP GSO train rules (docs/kernel.md, "UDP GSO trains: the kernel's limits,
+# measured"), as crates/zerotx-cli/examples/train_rules.rs checks them, per kernel release: the
+# segments one call may carry, and the errno of a segment above the MTU. Measured the same on
+# 6.1.192, 6.12.117 and 6.18 (6.1's UDP_MAX_SEGMENTS was 64 when it came out: a kernel line
+# added here gets its own case if it differs).
+train_expect() {
+  case "$1" in
+    *) echo "--expect-segments 128 --expect-above-mtu EMSGSIZE" ;;
+  esac
+}
+command -v ethtool >/dev/null || {
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends ethtool >/dev/null
+}
+echo "== UDP GSO train rules on this host ($(uname -r))"
+t0=$SECONDS
+# shellcheck disable=SC2046 # the expectations are separate words
+"$train_rules" $(train_expect "$(uname -r)") | tee "$work/train_rules.host" | sed 's/^/  /'
+grep -q "VMTEST: FAIL" "$work/train_rules.host" && { echo "train rules on the host: FAIL" >&2; exit 1; }
+echo "== train rules on the host: ok ($((SECONDS - t0)) s)"
 
 # The guest's link: a tap in a namespace of our own, the host's receiver in it, drops on both
 # directions. Removed on exit, however the script ends.
@@ -196,6 +218,16 @@ run_guest() {
     mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
   done
   strip -o "$root/zerotx" "$cli" 2>/dev/null || cp "$cli" "$root/zerotx"
+  # The train rules' probe, what it expects of this kernel, and ethtool (software segmentation)
+  # with its libraries at the same paths.
+  strip -o "$root/train_rules" "$train_rules" 2>/dev/null || cp "$train_rules" "$root/train_rules"
+  train_expect "$kver" > "$root/train_expect"
+  local et
+  et=$(command -v ethtool) || { echo "ethtool missing on the host" >&2; return 1; }
+  cp "$et" "$root/usr/sbin/ethtool"
+  for lib in $(ldd "$et" | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
+  done
   cat > "$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
@@ -229,6 +261,11 @@ cli() {  # name, receiver command or -, sender command
   if [ $ok = 1 ]; then echo "VMTEST: pass cli $name"
   else echo "VMTEST: FAIL cli $name"; tail -n 5 /tmp/tx.out /tmp/rx.out 2>/dev/null; fi
 }
+# The kernel's UDP GSO train rules, into dummy devices of the probe's own (see train_expect).
+t0=$(date +%s)
+{ /train_rules $(cat /train_expect) 2>&1 || echo "VMTEST: FAIL train rules probe exited $?"; } \
+  | sed 's/^train-rules:/VMTEST: measure train-rules:/'
+echo "VMTEST: measure train-rules: $(( $(date +%s) - t0 )) s under TCG"
 if [ -z "${zerotx_only:-}" ]; then  # zerotx_only: see vm_guest's main.rs
 cli "vsock generated --verify" "/zerotx recv -l vsock:5401 --once --verify -i 0" \
   "/zerotx send vsock:1:5401 --bytes 16M -i 0"

@@ -7,11 +7,12 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 
-use crate::bench::settings::{Settings, DEFAULT_BATCH, MAX_BATCH};
+use crate::bench::settings::{Settings, DEFAULT_BATCH, DEFAULT_TRAIN, MAX_BATCH, MAX_TRAIN};
 use crate::bench::topology::Choice;
 use crate::bench::Engine;
 use crate::export::Format;
 use crate::units::{self, MAX_SEND};
+use zerotx_testbed::Segmentation;
 
 /// zerotx: zero-copy socket transmit for Linux, measured on this machine.
 #[derive(Debug, Parser)]
@@ -267,20 +268,30 @@ pub struct BenchArgs {
     )]
     pub sizes: Option<Vec<String>>,
     /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
-    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed [default: the zerotx engines,
-    /// auto first].
+    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed, raw-train-copy,
+    /// raw-train-msg-zc [default: the zerotx engines, auto first].
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     pub engines: Option<Vec<String>>,
     /// Also measure minimal senders written for the comparison (raw-copy, raw-msg-zc,
     /// raw-uring-zc-fixed: libc and io_uring calls, no abstraction) in the same run.
     #[arg(long)]
     pub baselines: bool,
+    /// Also measure the raw UDP GSO train loops (raw-train-copy, raw-train-msg-zc: one
+    /// `UDP_SEGMENT` call per train of --train datagrams of each size) in the same run.
+    #[arg(long)]
+    pub trains: bool,
+    /// Datagrams per train in the train columns, 1 to 128, at most as many as fit 64 KiB
+    /// [default: 44, as many 1472 B datagrams as fit].
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_TRAIN)]
+    pub train: usize,
     /// Also run liburing's examples/send-zerocopy (built binary at PATH) with fixed buffers in
     /// the UDP black hole, as the column liburing-zc-fixed (see scripts/compare-raw.sh).
     #[arg(long, value_name = "PATH")]
     pub liburing: Option<PathBuf>,
-    /// Topologies, comma-separated: tcp-loopback, udp-blackhole, vsock (with --vsock) [default:
-    /// both, and vsock when --vsock is given].
+    /// Topologies, comma-separated: tcp-loopback, udp-blackhole, udp-carrier, udp-carrier-sw
+    /// (UDP into a black hole with carrier, segmentation offload on or off: needs nft and, for
+    /// -sw, ethtool), vsock (with --vsock) [default: tcp-loopback and udp-blackhole, and vsock
+    /// when --vsock is given].
     #[arg(long, value_delimiter = ',', value_name = "TOPOLOGIES")]
     pub topology: Option<Vec<String>>,
     /// Also measure AF_VSOCK to CID:PORT, a peer that reads and discards (for example
@@ -364,13 +375,15 @@ fn parse_topology(s: &str, vsock: Option<Choice>) -> anyhow::Result<Choice> {
     match s.trim() {
         "tcp-loopback" => Ok(Choice::TcpLoopback),
         "udp-blackhole" => Ok(Choice::UdpBlackhole),
+        "udp-carrier" => Ok(Choice::UdpCarrier(Segmentation::Offload)),
+        "udp-carrier-sw" => Ok(Choice::UdpCarrier(Segmentation::Software)),
         "vsock" => vsock.context(
             "the vsock topology needs a peer: give --vsock CID:PORT (a peer that reads and \
              discards)",
         ),
         other => bail!(
-            "unknown topology {other:?}; expected tcp-loopback or udp-blackhole \
-             (and --vsock CID:PORT for vsock)"
+            "unknown topology {other:?}; expected tcp-loopback, udp-blackhole, udp-carrier or \
+             udp-carrier-sw (and --vsock CID:PORT for vsock)"
         ),
     }
 }
@@ -424,6 +437,18 @@ impl BenchArgs {
             for e in Engine::RAW {
                 push_new(&mut engines, e);
             }
+        }
+        if self.trains {
+            for e in Engine::TRAINS {
+                push_new(&mut engines, e);
+            }
+        }
+        if self.train == 0 || self.train > MAX_TRAIN {
+            bail!(
+                "invalid --train {}: give 1 to {MAX_TRAIN} datagrams per train (the kernel's \
+                 segment limit per call)",
+                self.train
+            );
         }
         match &self.liburing {
             Some(path) => {
@@ -515,6 +540,7 @@ impl BenchArgs {
             batch: self.batch,
             liburing: self.liburing,
             progress: self.progress,
+            train: self.train,
         };
         Ok(BenchOptions {
             bench,
@@ -617,6 +643,42 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn trains_add_the_train_loops_and_the_carrier_topologies_parse() {
+        let o = check(&[
+            "--engines",
+            "copy,raw-train-copy",
+            "--trains",
+            "--topology",
+            "udp-carrier,udp-carrier-sw",
+        ])
+        .unwrap();
+        let names: Vec<_> = o.bench.engines.iter().map(|e| e.name()).collect();
+        assert_eq!(names, ["copy", "raw-train-copy", "raw-train-msg-zc"]);
+        assert_eq!(
+            o.bench.topologies,
+            [
+                Choice::UdpCarrier(Segmentation::Offload),
+                Choice::UdpCarrier(Segmentation::Software)
+            ]
+        );
+        assert_eq!(o.bench.train, DEFAULT_TRAIN);
+        // A train is as many datagrams as fit 64 KiB; the other columns send one.
+        assert_eq!(o.bench.datagrams(Engine::RawTrainMsgZc, 1472), 44);
+        assert_eq!(o.bench.datagrams(Engine::RawTrainMsgZc, 1200), 44);
+        assert_eq!(o.bench.datagrams(Engine::RawTrainMsgZc, 16384), 3);
+        assert_eq!(o.bench.datagrams(Engine::RawTrainMsgZc, 65000), 1);
+        assert_eq!(o.bench.datagrams(Engine::Copy, 1472), 1);
+        assert_eq!(check(&["--train", "128"]).unwrap().bench.train, 128);
+        for bad in ["0", "129"] {
+            let e = check(&["--train", bad]).unwrap_err().to_string();
+            assert!(e.contains(&format!("invalid --train {bad}")), "{e}");
+        }
+        // The carrier topologies send what a 1500-byte MTU carries.
+        let e = check(&["--sizes", "4K", "--topology", "udp-carrier"]).unwrap_err();
+        assert!(e.to_string().contains("at most 1472 bytes"), "{e}");
     }
 
     #[test]

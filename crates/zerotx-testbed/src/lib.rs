@@ -5,6 +5,9 @@
 //!   a static neighbour entry. UDP to [`BlackHole::v4`] or [`BlackHole::v6`] leaves through the
 //!   device, which drops it after the send: true zero-copy completions on one machine, the role
 //!   the `dummy` device plays in the kernel's io_uring benchmarks. Nothing leaves the namespace.
+//! - The black hole *with carrier* ([`carrier_black_hole`]): the veth peer is up in a second
+//!   namespace that drops everything at ingress, so the device's transmit path (and GSO
+//!   segmentation, in software or not) runs as on a NIC.
 //!
 //! Namespaces are per thread: [`in_new_netns`] runs a closure on a thread that called
 //! `unshare(CLONE_NEWNET)`; sockets it makes and commands it spawns (`ip`) live in that namespace.
@@ -14,10 +17,15 @@
 //! management, and the tests, the benchmark and the examples share one copy of it.
 #![deny(missing_docs)]
 
+mod carrier;
+mod link;
+
+pub use carrier::{carrier_black_hole, CarrierBlackHole, Segmentation};
+use link::ip;
+
 use std::io;
 use std::mem;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::process::Command;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// The black hole's addresses, valid inside the namespace that built it.
@@ -33,24 +41,6 @@ pub struct BlackHole {
 
 /// Device name of the black hole's sending side.
 pub const DEVICE: &str = "zc0";
-
-fn ip(args: &[&str]) -> io::Result<()> {
-    let out = Command::new("ip").args(args).output().map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("running `ip` (iproute2) failed: {e}; install iproute2"),
-        )
-    })?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
-}
 
 /// `ZEROTX_STRICT=1` (set by `.ci/run`): a test that would skip fails instead.
 pub fn strict() -> bool {
@@ -134,35 +124,10 @@ where
 pub fn black_hole(mtu: u32) -> io::Result<BlackHole> {
     let mtu_s = mtu.to_string();
     ip(&["link", "add", DEVICE, "type", "veth", "peer", "name", "zc1"])?;
-    ip(&["addr", "add", "192.0.2.1/24", "dev", DEVICE])?;
-    ip(&[
-        "-6",
-        "addr",
-        "add",
-        "2001:db8::1/64",
-        "dev",
-        DEVICE,
-        "nodad",
-    ])?;
     // zc1 stays down: the device drops what it is given, after the send completed.
     ip(&["link", "set", DEVICE, "mtu", &mtu_s, "up"])?;
-    let mac = "02:00:00:00:00:02";
-    ip(&["neigh", "add", "192.0.2.2", "lladdr", mac, "dev", DEVICE])?;
-    ip(&[
-        "-6",
-        "neigh",
-        "add",
-        "2001:db8::2",
-        "lladdr",
-        mac,
-        "dev",
-        DEVICE,
-    ])?;
-    Ok(BlackHole {
-        v4: SocketAddrV4::new(Ipv4Addr::new(192, 0, 2, 2), 9).into(),
-        v6: SocketAddrV6::new(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2), 9, 0, 0).into(),
-        mtu,
-    })
+    let (v4, v6) = link::addresses(DEVICE)?;
+    Ok(BlackHole { v4, v6, mtu })
 }
 
 const OPTMEM: &str = "/proc/sys/net/core/optmem_max";

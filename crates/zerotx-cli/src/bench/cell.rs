@@ -37,27 +37,36 @@ impl<'a> Cells<'a> {
         }
     }
 
-    /// The ring `engine` cycles through at `size`: on huge pages under `--huge-pages`, unless the
-    /// engine registers it with io_uring (which refuses a huge pool: see `BufPool::huge`).
-    fn pool(&mut self, engine: Engine, size: usize) -> anyhow::Result<BufPool> {
+    /// The ring of `len`-byte buffers `engine` cycles through: on huge pages under
+    /// `--huge-pages`, unless the engine registers it with io_uring (which refuses a huge pool:
+    /// see `BufPool::huge`).
+    fn pool(&mut self, engine: Engine, len: usize) -> anyhow::Result<BufPool> {
         let huge = self.opts.huge_pages && !engine.registers_ring();
         let slot = &mut self.pool[usize::from(huge)];
         match slot {
-            Some((s, p)) if *s == size => Ok(p.clone()),
+            Some((s, p)) if *s == len => Ok(p.clone()),
             _ => {
                 *slot = None; // free the last ring before allocating the next
-                let p = buffer_ring(size, self.opts.ring_bytes, huge)?;
-                *slot = Some((size, p.clone()));
+                let p = buffer_ring(len, self.opts.ring_bytes, huge)?;
+                *slot = Some((len, p.clone()));
                 Ok(p)
             }
         }
     }
 
     fn measure_on_socket(&mut self, engine: Engine, size: usize) -> anyhow::Result<Run> {
-        let pool = self.pool(engine, size)?;
+        // A train column sends `datagrams` datagrams of `size` bytes per call, from one buffer.
+        let datagrams = self.opts.datagrams(engine, size);
+        let pool = self.pool(engine, size * datagrams)?;
         let fd = self.site.open()?;
         let (d, b) = (self.opts.run, self.opts.batch);
         let run = match engine {
+            Engine::RawTrainCopy => {
+                raw::train_copy(fd, &pool, size, datagrams).and_then(|r| measure(r, d, b))
+            }
+            Engine::RawTrainMsgZc => {
+                raw::train_msg_zc(fd, &pool, size, datagrams).and_then(|r| measure(r, d, b))
+            }
             Engine::RawCopy => raw::RawCopy::new(fd, &pool, size).and_then(|r| measure(r, d, b)),
             Engine::RawMsgZc => raw::RawMsgZc::new(fd, &pool, size).and_then(|r| measure(r, d, b)),
             Engine::RawUringZcFixed => {

@@ -29,6 +29,12 @@ pub enum Engine {
     RawUringZcFixed,
     /// `liburing-zc-fixed`: liburing's `examples/send-zerocopy` with fixed buffers, run as a child.
     LiburingZcFixed,
+    /// `raw-train-copy`: a bare `send(2)` loop of UDP GSO trains (`UDP_SEGMENT`), one train per
+    /// call.
+    RawTrainCopy,
+    /// `raw-train-msg-zc`: a bare `send(MSG_ZEROCOPY)` loop of UDP GSO trains, one completion id
+    /// per train.
+    RawTrainMsgZc,
 }
 
 impl Engine {
@@ -51,8 +57,18 @@ impl Engine {
     /// The minimal senders written for the comparison (`--baselines`).
     pub const RAW: [Engine; 3] = [Engine::RawCopy, Engine::RawMsgZc, Engine::RawUringZcFixed];
 
+    /// The raw UDP GSO train loops (`--trains`): the baselines of datagram trains. zerotx's own
+    /// train columns join them here and in [`is_train`](Self::is_train); `Cells` gives every
+    /// train column a ring of `size x datagrams`-byte buffers and the datagram count.
+    pub const TRAINS: [Engine; 2] = [Engine::RawTrainCopy, Engine::RawTrainMsgZc];
+
+    /// Whether one send is a train of datagrams of the cell's size (one `UDP_SEGMENT` call).
+    pub fn is_train(self) -> bool {
+        matches!(self, Engine::RawTrainCopy | Engine::RawTrainMsgZc)
+    }
+
     /// Every column, in table order.
-    pub const ALL: [Engine; 10] = [
+    pub const ALL: [Engine; 12] = [
         Engine::Auto,
         Engine::Copy,
         Engine::MsgZc,
@@ -63,6 +79,8 @@ impl Engine {
         Engine::RawMsgZc,
         Engine::RawUringZcFixed,
         Engine::LiburingZcFixed,
+        Engine::RawTrainCopy,
+        Engine::RawTrainMsgZc,
     ];
 
     /// The name in flags, tables and JSON.
@@ -78,6 +96,8 @@ impl Engine {
             Engine::RawMsgZc => "raw-msg-zc",
             Engine::RawUringZcFixed => "raw-uring-zc-fixed",
             Engine::LiburingZcFixed => "liburing-zc-fixed",
+            Engine::RawTrainCopy => "raw-train-copy",
+            Engine::RawTrainMsgZc => "raw-train-msg-zc",
         }
     }
 }

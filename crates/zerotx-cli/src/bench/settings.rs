@@ -21,6 +21,20 @@ pub const DEFAULT_BATCH: usize = 32;
 /// notification each) fill at most half of the completion queue (512) between two reaps.
 pub const MAX_BATCH: usize = 128;
 
+/// Datagrams per train in the train columns, unless `--train` says otherwise: as many 1472 B
+/// datagrams as one GSO skb carries (44 x 1472 B = 64768 B; docs/kernel.md, "UDP GSO trains:
+/// the kernel's limits, measured").
+pub const DEFAULT_TRAIN: usize = 44;
+
+/// The most datagrams `--train` takes: the kernel's segments-per-call limit (`UDP_MAX_SEGMENTS`,
+/// 128 on every kernel measured, 64 on older ones, which refuse more with `EINVAL`;
+/// docs/kernel.md, "UDP GSO trains: the kernel's limits, measured").
+pub const MAX_TRAIN: usize = 128;
+
+/// The most UDP payload one train carries over IPv4: one skb of at most 64 KiB, IP and UDP
+/// headers included.
+pub const MAX_TRAIN_BYTES: usize = 65507;
+
 /// The checked settings of a run.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -46,4 +60,18 @@ pub struct Settings {
     pub liburing: Option<PathBuf>,
     /// A line per run on standard error off a terminal (`--progress`).
     pub progress: bool,
+    /// Datagrams per train in the train columns (`--train`).
+    pub train: usize,
+}
+
+impl Settings {
+    /// Datagrams per send of `engine` at `size`: a train's, at most as many as fit one GSO skb
+    /// ([`MAX_TRAIN_BYTES`]); 1 for the other columns.
+    pub fn datagrams(&self, engine: Engine, size: usize) -> usize {
+        if engine.is_train() {
+            self.train.min(MAX_TRAIN_BYTES / size.max(1)).max(1)
+        } else {
+            1
+        }
+    }
 }

@@ -12,6 +12,10 @@ use crate::bench::verdict::{self, Verdict, ZeroCopy, AUTO_TARGET};
 /// zerotx's engines that get a ratio against `copy`.
 const ZC_ENGINES: [&str; 5] = ["auto", "msg-zc", "uring-zc", "uring-zc-fixed", "uring"];
 
+/// The train loops, which get a ratio against `copy` too: what a train pays over one call per
+/// datagram.
+const TRAIN_ENGINES: [&str; 2] = ["raw-train-copy", "raw-train-msg-zc"];
+
 /// How a figure over several runs reads: `median [min-max]`; one run: the figure alone.
 fn spread(s: Spread, runs: usize) -> String {
     if runs > 1 {
@@ -81,7 +85,8 @@ pub(super) fn paired(p: Option<Paired>) -> String {
     }
 }
 
-/// One figure per engine, and with `ratios` each zero-copy engine's throughput over copy's.
+/// One figure per engine, and with `ratios` each zero-copy engine's and train loop's throughput
+/// over copy's.
 fn block(
     s: &mut String,
     t: &TopologyResult,
@@ -93,6 +98,7 @@ fn block(
     let ratio_cols: Vec<&str> = if ratios && t.engines.iter().any(|e| e == "copy") {
         ZC_ENGINES
             .iter()
+            .chain(&TRAIN_ENGINES)
             .copied()
             .filter(|e| t.engines.iter().any(|x| x == e))
             .collect()

@@ -23,10 +23,12 @@
 
 mod copy;
 mod msg_zc;
+mod train;
 mod uring_zc_fixed;
 
 pub use copy::RawCopy;
 pub use msg_zc::RawMsgZc;
+pub use train::{train_copy, train_msg_zc};
 pub use uring_zc_fixed::RawUringZcFixed;
 
 use std::collections::VecDeque;

@@ -7,16 +7,18 @@
 
 mod tcp_loopback;
 mod udp_blackhole;
+mod udp_carrier;
 mod vsock;
 
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use zerotx_testbed as testbed;
+use zerotx_testbed::{self as testbed, Segmentation};
 
 pub use tcp_loopback::TcpLoopback;
 pub use udp_blackhole::UdpBlackhole;
+pub use udp_carrier::UdpCarrier;
 pub use vsock::Vsock;
 
 /// A topology as the options name it.
@@ -26,6 +28,9 @@ pub enum Choice {
     TcpLoopback,
     /// UDP into the black hole of a fresh network namespace.
     UdpBlackhole,
+    /// UDP into a black hole with carrier (the peer up, dropping at ingress), segmentation
+    /// offload on or off.
+    UdpCarrier(Segmentation),
     /// AF_VSOCK stream to `cid:port`.
     Vsock {
         /// Peer CID.
@@ -41,6 +46,7 @@ impl Choice {
         match self {
             Choice::TcpLoopback => Box::new(TcpLoopback),
             Choice::UdpBlackhole => Box::new(UdpBlackhole),
+            Choice::UdpCarrier(segmentation) => Box::new(UdpCarrier { segmentation }),
             Choice::Vsock { cid, port } => Box::new(Vsock { cid, port }),
         }
     }
@@ -84,7 +90,8 @@ pub type Body<'a> = dyn FnMut(&mut dyn Site) + Send + 'a;
 
 /// A place to send to.
 pub trait Topology {
-    /// Name in flags, tables and JSON (`tcp-loopback`, `udp-blackhole`, `vsock`).
+    /// Name in flags, tables and JSON (`tcp-loopback`, `udp-blackhole`, `udp-carrier`,
+    /// `udp-carrier-sw`, `vsock`).
     fn name(&self) -> &'static str;
     /// What it is, in a few words.
     fn description(&self) -> String;

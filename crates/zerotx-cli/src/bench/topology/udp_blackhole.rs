@@ -51,8 +51,10 @@ impl Topology for UdpBlackhole {
     }
 }
 
-struct BlackHoleSite {
-    dest: SocketAddr,
+/// A UDP destination that a device or its peer drops: each run's socket is connected to it.
+pub(super) struct BlackHoleSite {
+    /// The destination, valid in the topology's namespace.
+    pub(super) dest: SocketAddr,
 }
 
 impl Site for BlackHoleSite {
@@ -62,7 +64,8 @@ impl Site for BlackHoleSite {
         Ok(sock.into())
     }
 
-    /// The sink is the device: no local CPU.
+    /// The sink is the device (or its peer's ingress hook, run by the sender's own softirq): no
+    /// other CPU.
     fn sink_cpu(&mut self) -> anyhow::Result<Duration> {
         Ok(Duration::ZERO)
     }
