@@ -357,7 +357,7 @@ impl<B: SendBuf> Sender<B> {
 
     /// The shared ring this sender's requests go to and its owner id there, while it is on one.
     #[cfg(feature = "tokio")]
-    pub(crate) fn shared_ring(&self) -> Option<(crate::UringShared, u16)> {
+    pub(crate) fn shared_ring(&self) -> Option<(crate::sys::uring::UringShared, u16)> {
         self.engine.shared_ring()
     }
 

@@ -28,7 +28,7 @@ use ::tokio::sync::Notify;
 
 use crate::error::Error;
 use crate::sys::uring::InboxHook;
-use crate::{UringConfig, UringShared};
+use crate::sys::uring::{UringConfig, UringShared};
 
 thread_local! {
     static RING: RefCell<Option<UringShared>> = const { RefCell::new(None) };
