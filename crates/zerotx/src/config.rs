@@ -1,8 +1,9 @@
-//! [`SenderConfig`]: what a sender is built from. The engine factory reads it once, when the
-//! sender is made.
+//! [`SenderConfig`]: what a sender is built from, plain data below the engines. The engine
+//! factory reads it once, when the sender is made; the engines read the settings it hands them
+//! ([`UringConfig`], [`AtCap`]).
 
-use crate::engine::{AtCap, UringConfig, UringShared};
 use crate::kind::EngineKind;
+use crate::sys::uring::{UringConfig, UringShared};
 
 /// How to build a [`Sender`](crate::Sender): [`SenderConfig::new`], then the `with_` methods.
 #[derive(Debug, Clone)]
@@ -85,4 +86,18 @@ impl SenderConfig {
         self.zerocopy_first_id = Some(id);
         self
     }
+}
+
+/// What a send does at a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum AtCap {
+    /// Send it by copy now (reported as [`CopyReason::Budget`](crate::CopyReason::Budget)): the default, never slower than
+    /// the copy engine and never blocks.
+    #[default]
+    Copy,
+    /// Wait for zero-copy completions: `try_send` hands the buffer back
+    /// ([`SendError::WouldBlock`](crate::SendError::WouldBlock)) and `send` waits. With nothing of
+    /// the sender's in flight that could end the wait, the send is copied instead.
+    Wait,
 }

@@ -19,15 +19,18 @@
 //!
 //! Inside the family, [`policy::auto`](crate::engine::policy::auto) chooses per send.
 
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+
 use crate::buf::SendBuf;
 use crate::config::SenderConfig;
 use crate::engine::policy::auto::{AutoPolicy, Caps, Family, Thresholds};
 use crate::engine::sendmsg;
-use crate::engine::uring::UringEngine;
+use crate::engine::uring::{UringDatagram, UringStream};
 use crate::engine::Engine;
-use crate::error::{Error, Feature};
+use crate::error::{Error, Feature, SendError};
 use crate::kind::EngineKind;
-use crate::report::{Note, COPY_ONLY, SENDMSG, URING};
+use crate::report::{Note, Released, Stats, COPY_ONLY, SENDMSG, URING};
 use crate::socket::{Family as SockFamily, SockType, Socket};
 use crate::sys;
 use crate::sys::uring as sysu;
@@ -75,8 +78,8 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
         }
         EngineKind::Uring | EngineKind::UringZc => {
             let zc = kind == EngineKind::UringZc;
-            let engine = UringEngine::new(sock, zc, cfg.uring, cfg.ring.as_ref())?;
-            Built::new(Box::new(engine), URING, asked)
+            let engine = uring::<B>(sock, zc, cfg, None)?;
+            Built::new(engine, URING, asked)
         }
     })
 }
@@ -138,18 +141,14 @@ fn auto_uring<B: SendBuf>(
     let caps = Caps::derive(None, sysu::pin_limit());
     let mut policy = AutoPolicy::new(thresholds, caps, cfg.at_cap, reports);
     let local = start_local(sock, &mut policy);
-    match UringEngine::with_policy(sock, true, cfg.uring, cfg.ring.as_ref(), Some(policy)) {
+    match uring::<B>(sock, true, cfg, Some(policy)) {
         Ok(engine) => {
             notes.push(Note::UringChosen);
             notes.extend(local);
             if !reports {
                 notes.push(Note::UringBlind);
             }
-            Ok(Some(Built::new(
-                Box::new(engine),
-                URING,
-                std::mem::take(notes),
-            )))
+            Ok(Some(Built::new(engine, URING, std::mem::take(notes))))
         }
         Err(e) if cfg.ring.is_some() => Err(e),
         Err(e) => {
@@ -157,6 +156,23 @@ fn auto_uring<B: SendBuf>(
             Ok(None)
         }
     }
+}
+
+/// The io_uring engine for `sock`'s shape, chosen once: [`UringStream`] on a connection (one
+/// request in flight), [`UringDatagram`] on a datagram socket. Zero-copy requests when `zc`;
+/// `auto`'s policy chooses per record when given (`zc` must be set).
+fn uring<B: SendBuf>(
+    sock: &Socket,
+    zc: bool,
+    cfg: &SenderConfig,
+    auto: Option<AutoPolicy>,
+) -> Result<Box<dyn Engine<B>>, Error> {
+    let (uring, ring) = (cfg.uring, cfg.ring.as_ref());
+    Ok(if sock.kind.is_ordered() {
+        Box::new(UringStream::new(sock, zc, uring, ring, auto)?)
+    } else {
+        Box::new(UringDatagram::new(sock, zc, uring, ring, auto)?)
+    })
 }
 
 /// `auto` on `sendmsg(2)`: with `MSG_ZEROCOPY` where the socket has it, else copy.
@@ -200,4 +216,54 @@ fn peer_on_loopback(sock: &Socket) -> bool {
                 ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
             }
         })
+}
+
+/// The engine `cfg` asks for on a socket, as `build` makes it, driven without a
+/// [`Sender`](crate::Sender): for the tests that look at what one engine call does, before any
+/// progress (reached through `internals`).
+pub struct Bare<B> {
+    /// The family of system calls, as [`Explanation::path`](crate::Explanation::path) names it.
+    pub path: &'static str,
+    /// Why, one sentence per decision, as [`Explanation`](crate::Explanation) words them.
+    pub notes: Vec<String>,
+    engine: Box<dyn Engine<B>>,
+    sock: Socket,
+}
+
+impl<B: SendBuf> Bare<B> {
+    /// [`build`] on the socket `fd`.
+    pub fn build(fd: OwnedFd, cfg: &SenderConfig) -> Result<Self, Error> {
+        let sock = Socket::new(fd)?;
+        let built = build(&sock, cfg)?;
+        Ok(Self {
+            path: built.path,
+            notes: built.notes.iter().map(Note::to_string).collect(),
+            engine: built.engine,
+            sock,
+        })
+    }
+
+    /// The engine's `batch`: a batch of sends opens (`true`) or ends.
+    pub fn batch(&mut self, open: bool) {
+        self.engine.batch(open);
+    }
+
+    /// The engine's `try_send_batch`, with what it releases appended to `out`.
+    pub fn try_send_batch(
+        &mut self,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        self.engine.try_send_batch(&self.sock, bufs, out)
+    }
+
+    /// The engine's counters.
+    pub fn stats(&self) -> Stats {
+        self.engine.stats()
+    }
+
+    /// Buffers the engine holds.
+    pub fn held(&self) -> usize {
+        self.engine.held()
+    }
 }

@@ -201,3 +201,30 @@ impl fmt::Display for SockKind {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SockKind;
+
+    /// SCTP cannot be loaded on the test machine (no `sctp` module): check the classification the
+    /// engine orders and batches by. Every connection keeps one request in flight; only byte
+    /// streams put several buffers into one request (on SCTP that would merge messages).
+    #[test]
+    fn only_byte_streams_merge_and_every_connection_has_one_request() {
+        let kind = SockKind::from_raw;
+        let tcp = kind(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP);
+        let unix = kind(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+        let sctp = kind(libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_SCTP);
+        let sctp_many = kind(libc::AF_INET, libc::SOCK_SEQPACKET, libc::IPPROTO_SCTP);
+        let seqpacket = kind(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
+        let udp = kind(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_UDP);
+        for k in [tcp, unix, sctp, sctp_many, seqpacket] {
+            assert!(k.is_ordered(), "{k:?}");
+        }
+        assert!(!udp.is_ordered());
+        assert!(tcp.is_byte_stream() && unix.is_byte_stream());
+        for k in [sctp, sctp_many, seqpacket, udp] {
+            assert!(!k.is_byte_stream(), "{k:?}");
+        }
+    }
+}

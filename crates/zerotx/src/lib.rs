@@ -142,13 +142,13 @@ pub mod tokio;
 
 pub use addr::{Destination, VsockAddr};
 pub use buf::{map_sealed, BufPool, PoolBufMut, PooledBuf, SendBuf};
-pub use config::SenderConfig;
-pub use engine::{AtCap, UringConfig, UringShared};
+pub use config::{AtCap, SenderConfig};
 pub use error::{Error, Feature, SendError};
 pub use kind::{EngineKind, Family, SockKind, SockType};
 pub use probe::probe;
 pub use report::{CopyReason, Explanation, Readiness, Released, Report, SendPath, Stats};
 pub use sender::{leaked_buffers, Closed, Sender};
+pub use sys::uring::{UringConfig, UringShared};
 
 /// Hooks for zerotx's own tests, fuzzers and benchmarks: not part of the API, may change at any
 /// time.
@@ -172,6 +172,17 @@ pub mod internals {
     #[cfg(feature = "tokio")]
     pub mod tokio {
         pub use crate::tokio::WRITE_SLICE;
+    }
+    /// An engine as the factory builds it, driven without a `Sender`.
+    pub mod engine {
+        pub use crate::factory::Bare;
+    }
+    /// What io_uring offers on this host, and the one-send check behind it.
+    pub mod uring {
+        pub use crate::sys::poll_one;
+        pub use crate::sys::uring::{probe, report_usage, send_zc_once, UringProbe};
+        pub use crate::sys::uring::{Completion, Cqe, InboxHook, JoinRefused, Ring, CANCEL};
+        pub use crate::sys::uring::{Op, Payload, Refused, SendKind, SendOp};
     }
     /// io_uring faults the kernel cannot produce on demand (a failed `io_uring_enter`, an SQE
     /// whose preparation fails), injected for the calling thread only.

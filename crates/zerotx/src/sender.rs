@@ -30,7 +30,7 @@ static LEAKED: AtomicU64 = AtomicU64::new(0);
 
 /// Buffers kept, process-wide, because a sender was dropped or closed while the kernel could
 /// still read them. The io_uring engines drop them later, once the kernel's last completion for
-/// them arrives (see [`UringShared`](crate::engine::UringShared)); `msg-zc`'s are never freed, since no
+/// them arrives (see [`UringShared`](crate::UringShared)); `msg-zc`'s are never freed, since no
 /// completion for them is read after the close. The count only grows: non-zero means some peer
 /// did not let its data be released in time.
 pub fn leaked_buffers() -> u64 {
@@ -85,7 +85,7 @@ pub struct Closed<B> {
 ///   [`send`](Self::send), [`try_send`](Self::try_send) and [`send_batch`](Self::send_batch)
 ///   fails at once with that error ([`SendError::Io`], the buffer handed back), since anything
 ///   sent after a gap would corrupt the stream. Buffers accepted before the sender knew (the
-///   io_uring engines queue up to [`UringConfig::queue_limit`](crate::engine::UringConfig::queue_limit)
+///   io_uring engines queue up to [`UringConfig::queue_limit`](crate::UringConfig::queue_limit)
 ///   in userspace) come back with the error in their reports.
 /// - [`flush`](Self::flush) fails with [`Error::Failed`] when a buffer released since the last
 ///   flush carried an error, once nothing is held any more; the next flush reports only newer
@@ -95,7 +95,7 @@ pub struct Closed<B> {
 /// A sender may move between threads. With the io_uring engines, a request that finds its
 /// socket full is retried by the kernel on the thread that submitted it; if that thread has
 /// exited, the kernel cancels it and the sender submits it again at its next progress (see
-/// [`UringShared`](crate::engine::UringShared)), so no thread must outlive its requests.
+/// [`UringShared`](crate::UringShared)), so no thread must outlive its requests.
 ///
 /// ```no_run
 /// use std::net::TcpStream;
@@ -357,7 +357,7 @@ impl<B: SendBuf> Sender<B> {
 
     /// The shared ring this sender's requests go to and its owner id there, while it is on one.
     #[cfg(feature = "tokio")]
-    pub(crate) fn shared_ring(&self) -> Option<(crate::engine::UringShared, u16)> {
+    pub(crate) fn shared_ring(&self) -> Option<(crate::sys::uring::UringShared, u16)> {
         self.engine.shared_ring()
     }
 
@@ -434,11 +434,11 @@ impl<B: SendBuf> Sender<B> {
     /// Sends the buffers of `bufs` in order, front first, as [`send`](Self::send) sends each
     /// (waiting while the socket or the zero-copy budget is full). On a datagram socket the
     /// io_uring engines enter the kernel once per full batch
-    /// ([`UringConfig::batch`](crate::engine::UringConfig::batch)) instead of also at once for a send
+    /// ([`UringConfig::batch`](crate::UringConfig::batch)) instead of also at once for a send
     /// that finds nothing submitted in flight on the ring; what the last batch left in the
     /// submission queue is entered before it returns (if `io_uring_enter` fails, the next call
     /// reports it). Buffers beyond the ring's requests in flight
-    /// ([`UringConfig::entries`](crate::engine::UringConfig::entries)) wait in the sender's queue for
+    /// ([`UringConfig::entries`](crate::UringConfig::entries)) wait in the sender's queue for
     /// room, as with `send`: the next `reap` or wait moves them. A stream keeps one request in flight, batched from the queue
     /// (the whole batch enters the queue first, so the first request carries up to `batch`
     /// buffers). `copy` on a byte stream (TCP, AF_UNIX, vsock) writes up to 32 buffers per system

@@ -58,22 +58,18 @@ impl<B: SendBuf> CopyEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        if self.core.head.is_some() {
-            self.push_head(sock, out);
-            if self.core.head.is_some() {
-                self.core.stats.would_block += 1;
-                return Err(SendError::WouldBlock(buf));
-            }
-        }
-        if let Some(error) = self.core.broken_error() {
-            return Err(SendError::Io { buf, error });
+        if let Some(behind) = self
+            .core
+            .behind(out, |core, out| Self::push_head(core, sock, out))
+        {
+            return Err(behind.refuse(buf));
         }
         self.core.try_send_copy(sock, buf, dest, None, out)
     }
 
-    fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
-        let Some(slot) = self.core.head else { return };
-        let core = &mut self.core;
+    /// Writes what the kernel has room for of the stream's head, if it has one.
+    fn push_head(core: &mut SendmsgCore<B>, sock: &Socket, out: &mut Vec<Released<B>>) {
+        let Some(slot) = core.head else { return };
         let rec = core.ledger.item_mut(slot);
         // Out of line (called from `send_one` and `progress`): its return comes before theirs.
         let written = sys::fenced!(send_copied(
@@ -261,7 +257,7 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
             self.quiet = 0;
             self.core.reap(sock, out);
         }
-        self.push_head(sock, out);
+        Self::push_head(&mut self.core, sock, out);
         Ok(())
     }
 

@@ -27,9 +27,6 @@ pub(crate) mod sendmsg_core;
 pub(crate) mod unfragmented;
 pub(crate) mod uring;
 
-pub use policy::auto::AtCap;
-pub use uring::{UringConfig, UringShared};
-
 pub(crate) use crate::kind::EngineKind;
 
 use std::collections::VecDeque;
@@ -38,9 +35,12 @@ use std::io;
 use socket2::SockAddr;
 
 use crate::buf::{BufPool, SendBuf};
+use crate::config::AtCap;
 use crate::error::{Error, SendError};
 use crate::report::{AutoFacts, Readiness, Released, Stats};
 use crate::socket::Socket;
+#[cfg(feature = "tokio")]
+use crate::sys::uring::UringShared;
 
 /// [`SendError::Invalid`]'s reason for a buffer of no bytes.
 pub(crate) const EMPTY_BUFFER: &str = "zero-length buffer: there is nothing to send";

@@ -215,6 +215,25 @@ impl<B: SendBuf> SendmsgCore<B> {
         self.broken.map(io::Error::from_raw_os_error)
     }
 
+    /// The prologue of a lone send on a stream, before its buffer is touched: an unfinished head
+    /// goes first (`push_head`, the engine's own writer of it); a head the socket still has no
+    /// room for, or a stream that broke, refuses the buffer ([`Behind::refuse`]).
+    #[inline]
+    pub(crate) fn behind(
+        &mut self,
+        out: &mut Vec<Released<B>>,
+        push_head: impl FnOnce(&mut Self, &mut Vec<Released<B>>),
+    ) -> Option<Behind> {
+        if self.head.is_some() {
+            push_head(self, out);
+            if self.head.is_some() {
+                self.stats.would_block += 1;
+                return Some(Behind::Head);
+            }
+        }
+        self.broken_error().map(Behind::Broken)
+    }
+
     /// A lone send by copy: nothing to wait for once the kernel took the bytes. A buffer the
     /// first call took whole (every datagram) is released at once without a record; a record
     /// enters the ledger only if a stream took part of it (it becomes the head). `reason`: why
@@ -428,6 +447,25 @@ fn copy_call(
     let n = frag.send_copy(sock.fd(), bytes, dest, &mut stats.syscalls)?;
     stats.bytes += n as u64;
     Ok(n)
+}
+
+/// Why a stream's lone send cannot go now ([`SendmsgCore::behind`]).
+pub(crate) enum Behind {
+    /// The head is still unfinished: the socket has no room.
+    Head,
+    /// The stream broke: nothing more may go out.
+    Broken(io::Error),
+}
+
+impl Behind {
+    /// The refusal of `buf`, handed back: [`SendError::WouldBlock`] behind the head,
+    /// [`SendError::Io`] on a broken stream.
+    pub(crate) fn refuse<B>(self, buf: B) -> SendError<B> {
+        match self {
+            Behind::Head => SendError::WouldBlock(buf),
+            Behind::Broken(error) => SendError::Io { buf, error },
+        }
+    }
 }
 
 /// The [`Engine`](crate::engine::Engine) methods a `sendmsg(2)` engine answers from its

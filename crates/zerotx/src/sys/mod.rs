@@ -436,7 +436,7 @@ pub(crate) fn recv_errqueue(
 
 /// `poll(2)` on one fd; returns `revents` (0 on timeout). `None` waits forever.
 /// Takes a raw descriptor: a stale one makes poll report `POLLNVAL`, never touch other memory.
-pub(crate) fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
+pub fn poll_one(fd: RawFd, events: i16, timeout: Option<Duration>) -> io::Result<i16> {
     let ms = timeout.map_or(-1, poll_millis);
     let mut pfd = libc::pollfd {
         fd,

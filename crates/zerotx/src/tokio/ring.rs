@@ -26,9 +26,9 @@ use ::tokio::io::Interest;
 use ::tokio::runtime::{Handle, Id};
 use ::tokio::sync::Notify;
 
-use crate::engine::{UringConfig, UringShared};
 use crate::error::Error;
 use crate::sys::uring::InboxHook;
+use crate::sys::uring::{UringConfig, UringShared};
 
 thread_local! {
     static RING: RefCell<Option<UringShared>> = const { RefCell::new(None) };

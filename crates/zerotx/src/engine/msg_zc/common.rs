@@ -7,8 +7,9 @@ use std::io;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
+use crate::config::AtCap;
 use crate::engine::clock::EpochClock;
-use crate::engine::policy::auto::{AtCap, Choice, Load};
+use crate::engine::policy::auto::{Choice, Load};
 use crate::engine::policy::sendmsg::{self as rules, CallId, IdRule, ZcFailure, ZcNext};
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::engine::record::Record;

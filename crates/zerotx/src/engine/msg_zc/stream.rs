@@ -52,25 +52,27 @@ impl<B: SendBuf> MsgZcStream<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        if self.core.head.is_some() {
-            self.push_head(sock, out);
-            if self.core.head.is_some() {
-                self.core.stats.would_block += 1;
-                return Err(SendError::WouldBlock(buf));
-            }
-        }
-        if let Some(error) = self.core.broken_error() {
-            return Err(SendError::Io { buf, error });
+        let rule = self.rule;
+        let push_head =
+            |core: &mut SendmsgCore<B>, out: &mut _| Self::push_head(core, rule, sock, out);
+        if let Some(behind) = self.core.behind(out, push_head) {
+            return Err(behind.refuse(buf));
         }
         let core = &mut self.core;
         common::send_one(core, &mut self.clock, self.rule, sock, buf, dest, out)
     }
 
-    fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
-        let Some(slot) = self.core.head else { return };
+    /// Writes what the kernel has room for of the stream's head, if it has one.
+    fn push_head(
+        core: &mut SendmsgCore<B>,
+        rule: IdRule,
+        sock: &Socket,
+        out: &mut Vec<Released<B>>,
+    ) {
+        let Some(slot) = core.head else { return };
         // Out of line (called from `send_one` and `progress`): its return comes before theirs.
-        let written = sys::fenced!(common::write(&mut self.core, self.rule, sock, slot, out));
-        self.core.head_written(slot, written, out);
+        let written = sys::fenced!(common::write(core, rule, sock, slot, out));
+        core.head_written(slot, written, out);
     }
 }
 
@@ -98,7 +100,7 @@ impl<B: SendBuf> Engine<B> for MsgZcStream<B> {
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
         self.core.reap_completions(sock, out);
-        self.push_head(sock, out);
+        Self::push_head(&mut self.core, self.rule, sock, out);
         Ok(())
     }
 

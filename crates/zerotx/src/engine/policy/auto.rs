@@ -34,6 +34,7 @@
 //!    [`PROBE_MAX`] sends, and a route that starts paying gets zero-copy back within
 //!    [`PROBE_MAX`] sends (plus what was in flight).
 
+use crate::config::AtCap;
 use crate::report::CopyReason;
 
 /// Zero-copy completions per window of the copied-window rule.
@@ -100,20 +101,6 @@ impl Tuner {
             start,
         }
     }
-}
-
-/// What a send does at a cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum AtCap {
-    /// Send it by copy now (reported as [`CopyReason::Budget`]): the default, never slower than
-    /// the copy engine and never blocks.
-    #[default]
-    Copy,
-    /// Wait for zero-copy completions: `try_send` hands the buffer back
-    /// ([`SendError::WouldBlock`](crate::SendError::WouldBlock)) and `send` waits. With nothing of
-    /// the sender's in flight that could end the wait, the send is copied instead.
-    Wait,
 }
 
 /// Smallest send that goes zero-copy, in bytes.

@@ -2,7 +2,7 @@
 //! ([`Req`]) in, the next step ([`Then`]) and the record's new account out. The engine applies
 //! their answers (releases, pushes, the budget's bookkeeping); nothing here touches a ring.
 
-use crate::engine::policy::auto::AtCap;
+use crate::config::AtCap;
 use crate::engine::policy::{self, BudgetAction, Refusal};
 use crate::report::CopyReason;
 

@@ -1,13 +1,17 @@
 //! The io_uring engine family, one file per job:
 //!
-//! - `engine.rs`: [`UringEngine`], the engine (`uring` and `uring-zc`, and `auto`'s io_uring
-//!   path): its state in named records, each with its invariant, and the order of the steps.
+//! - `stream.rs`: [`UringStream`], the engine on a connection (`uring` and `uring-zc`, and
+//!   `auto`'s io_uring path): one request in flight, a byte stream's buffers merged into it.
+//! - `datagram.rs`: [`UringDatagram`], the engine on a datagram socket: a request per buffer.
+//! - `core.rs`: what both keep and do alike (`UringCore`): the ring and the sender's seat, the
+//!   queue, forming and pushing requests, applying their CQEs, the budget, `auto`, leaving; the
+//!   socket's order is the engine type's (`Order`), chosen once by the factory.
 //! - `cqe.rs`: what follows a request's CQEs, as pure functions of the CQE and the request's
 //!   record, and the record the engine keeps of each request in the ring.
 //! - `state.rs`: the records the engine's state is made of, each with its invariant.
-//! - `config.rs`: [`UringConfig`].
-//! - `shared.rs`: [`UringShared`], a ring several senders use, and the engine's handle on its
-//!   ring, own or shared.
+//! - `ring_ref.rs`: the engine's handle on its ring, its own or a shared one
+//!   ([`UringShared`](crate::UringShared)); the ring's settings
+//!   ([`UringConfig`](crate::UringConfig)) and the ring with them are in [`crate::sys::uring`].
 //!
 //! The ring itself, the requests and every pointer the kernel reads are in [`crate::sys::uring`].
 //!
@@ -58,12 +62,13 @@
 //!   Where the ring gave the sender a registered file slot, its SQEs name that slot instead
 //!   (see [`Ring`](crate::sys::uring::Ring)).
 
-mod config;
+mod core;
 mod cqe;
-mod engine;
-mod shared;
+mod datagram;
+mod flow;
+mod ring_ref;
 mod state;
+mod stream;
 
-pub use config::UringConfig;
-pub(crate) use engine::UringEngine;
-pub use shared::UringShared;
+pub(crate) use datagram::UringDatagram;
+pub(crate) use stream::UringStream;

@@ -1,13 +1,12 @@
 //! The records an io_uring engine's state is made of, each with its invariant in its doc
-//! comment. The engine (`engine.rs`) keeps one of each and decides the order of the steps; a
-//! record only keeps its own invariant.
+//! comment, and the [`Order`] of its socket. The shared core (`core.rs`) keeps one of each and
+//! decides the order of the steps; a record only keeps its own invariant.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::cqe::Req;
 use crate::engine::record::Record;
-use crate::socket::SockKind;
 use crate::sys::uring::SendOp;
 
 /// A request of this engine: a record and the engine's account of it.
@@ -49,77 +48,105 @@ impl Seat {
     }
 }
 
-/// How the socket's sends must be ordered, fixed when the engine is built. A datagram socket
-/// has many requests in flight, one per buffer; every other socket one request at a time (two
-/// in flight can reorder a connection); a byte stream's request carries several buffers with
-/// `MSG_WAITALL` and a short result is continued, a message socket's one message, never merged.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Shape {
-    /// UDP and other datagram sockets.
-    Datagram,
-    /// SEQPACKET and SCTP: ordered, one message per request.
-    Message,
-    /// TCP, AF_UNIX and vsock streams: ordered, buffers merged into one request.
-    ByteStream,
+/// How a socket's requests are ordered, the one rule the io_uring engine's two types differ in
+/// below their batches: [`Head`] for a connection (`UringStream`), [`Unordered`] for a datagram
+/// socket (`UringDatagram`). The type is fixed when the factory builds the engine, so the shared
+/// core asks it without a flag per call.
+pub(super) trait Order {
+    /// One request in flight at a time: two in flight can reorder a connection.
+    const ORDERED: bool;
+    /// Several buffers per request, `MSG_WAITALL`, short results continued (byte streams).
+    fn merge(&self) -> bool;
+    /// A request of the stream is out or due: no other may form.
+    fn busy(&self) -> bool;
+    /// A request formed: it has the stream until it went whole.
+    fn take(&mut self);
+    /// The request went whole: the next may form.
+    fn went(&mut self);
+    /// A send failed with `errno`: the stream ends here.
+    fn break_with(&mut self, errno: i32);
+    /// The errno that ended the stream, if one did.
+    fn broken(&self) -> Option<i32>;
 }
 
-impl Shape {
-    pub(super) fn of(kind: SockKind) -> Self {
-        if kind.is_byte_stream() {
-            Self::ByteStream
-        } else if kind.is_ordered() {
-            Self::Message
-        } else {
-            Self::Datagram
-        }
-    }
-
-    /// One request in flight at a time.
-    pub(super) fn ordered(self) -> bool {
-        self != Self::Datagram
-    }
-
-    /// Several buffers per request, `MSG_WAITALL`, short results continued.
-    pub(super) fn merge(self) -> bool {
-        self == Self::ByteStream
-    }
-}
-
-/// The head of an ordered socket's stream. `busy`: its one request is out, or waiting in
-/// [`Due`] to be pushed; no other request may form until its first CQE says it went whole.
-/// `broken`: a send failed with this errno, and nothing more may go out (it would leave a gap):
-/// every buffer after it comes back with the error. A datagram socket's head stays idle.
-#[derive(Debug, Default)]
+/// The head of a connection's stream (TCP, AF_UNIX and vsock streams, SEQPACKET, SCTP). `busy`:
+/// its one request is out, or waiting in [`Due`] to be pushed; no other request may form until
+/// its first CQE says it went whole. `broken`: a send failed with this errno, and nothing more
+/// may go out (it would leave a gap): every buffer after it comes back with the error. `merge`,
+/// fixed when the engine is built: a byte stream's request carries several buffers with
+/// `MSG_WAITALL` and a short result is continued; a message socket's (SEQPACKET, SCTP) carries
+/// one message, never merged.
+#[derive(Debug)]
 pub(super) struct Head {
     busy: bool,
     broken: Option<i32>,
+    merge: bool,
 }
 
 impl Head {
-    /// A request of an ordered socket formed: it has the stream until it went whole.
-    pub(super) fn take(&mut self) {
+    /// The head of an idle stream; `merge` on a byte stream.
+    pub(super) fn new(merge: bool) -> Self {
+        Self {
+            busy: false,
+            broken: None,
+            merge,
+        }
+    }
+}
+
+impl Order for Head {
+    const ORDERED: bool = true;
+
+    fn merge(&self) -> bool {
+        self.merge
+    }
+
+    fn busy(&self) -> bool {
+        self.busy
+    }
+
+    fn take(&mut self) {
         self.busy = true;
     }
 
-    /// The request went whole: the next may form.
-    pub(super) fn went(&mut self) {
+    fn went(&mut self) {
         self.busy = false;
     }
 
-    /// A send failed with `errno`: the stream ends here.
-    pub(super) fn break_with(&mut self, errno: i32) {
+    fn break_with(&mut self, errno: i32) {
         self.busy = false;
         self.broken = Some(errno);
     }
 
-    /// A request of the stream is out or due.
-    pub(super) fn busy(&self) -> bool {
-        self.busy
+    fn broken(&self) -> Option<i32> {
+        self.broken
+    }
+}
+
+/// A datagram socket's order: none. Many requests in flight, one per buffer; a failed datagram
+/// is that datagram's error alone, and nothing breaks.
+#[derive(Debug, Default)]
+pub(super) struct Unordered;
+
+impl Order for Unordered {
+    const ORDERED: bool = false;
+
+    fn merge(&self) -> bool {
+        false
     }
 
-    /// The errno that ended the stream, if one did.
-    pub(super) fn broken(&self) -> Option<i32> {
-        self.broken
+    fn busy(&self) -> bool {
+        false
+    }
+
+    fn take(&mut self) {}
+
+    fn went(&mut self) {}
+
+    fn break_with(&mut self, _errno: i32) {}
+
+    fn broken(&self) -> Option<i32> {
+        None
     }
 }
 

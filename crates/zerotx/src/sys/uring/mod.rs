@@ -9,6 +9,9 @@
 //!   those finish, so their buffers are freed after the kernel's last CQE rather than leaked.
 //! - The completion queue's room (`places.rs`): a reserve per owner and a pool bounded per owner,
 //!   so the CQ never overflows and owners whose requests are parked never starve the others.
+//! - [`UringConfig`] (`config.rs`): the ring's size and the batching every sender on it uses;
+//!   [`UringShared`] (`shared.rs`): a ring with those settings, one sender's or shared by
+//!   several.
 //! - The probes (below): which opcodes and flags this kernel has, asked once per process; what
 //!   io_uring charges against `RLIMIT_MEMLOCK`; the fault hooks the tests inject.
 //!
@@ -16,19 +19,21 @@
 //! kernel reads the buffer after the push) and waits for its request's last CQE before returning,
 //! through signals.
 
+mod config;
 mod op;
 mod orphans;
 mod places;
 mod ring;
+mod shared;
 
-pub(crate) use op::Payload;
-pub(crate) use op::{SendKind, SendOp};
+pub use config::UringConfig;
+pub(crate) use shared::SharedRing;
+pub use shared::UringShared;
+
+pub use op::{Op, Payload, SendKind, SendOp};
 pub(crate) use orphans::{adopt, new_ring};
-#[cfg(feature = "tokio")]
-pub(crate) use ring::InboxHook;
-pub(crate) use ring::{
-    Cqe, JoinRefused, Lent, Refused, Ring, CANCEL, MAX_CQ_ENTRIES, MAX_REGISTERED,
-};
+pub use ring::{Completion, Cqe, InboxHook, JoinRefused, Refused, Ring, CANCEL};
+pub(crate) use ring::{Lent, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
 use std::cell::Cell;
 use std::io;
@@ -45,7 +50,7 @@ pub(crate) const NOTIF_USAGE_ZC_COPIED: i32 = i32::MIN;
 
 /// What io_uring offers on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct UringProbe {
+pub struct UringProbe {
     /// `IORING_OP_SEND_ZC` (6.0).
     pub send_zc: bool,
     /// `IORING_OP_SENDMSG_ZC` (6.1).
@@ -56,7 +61,7 @@ pub(crate) struct UringProbe {
 /// `zerotx::probe()` share the answer instead of setting up a throwaway ring each time. A refusal
 /// is permanent for the process: `ENOSYS` (not built in), `EPERM` (`kernel.io_uring_disabled` or
 /// seccomp).
-pub(crate) fn probe() -> io::Result<UringProbe> {
+pub fn probe() -> io::Result<UringProbe> {
     static CACHE: OnceLock<Result<UringProbe, i32>> = OnceLock::new();
     CACHE
         .get_or_init(|| ask().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)))
@@ -80,7 +85,7 @@ fn ask() -> io::Result<UringProbe> {
 /// itself on 127.0.0.1. `EINVAL` means absent. Any other failure counts as absent too: without the
 /// flag zerotx cannot tell a copied send from a zero-copy one, but with a flag the kernel lacks
 /// every request would fail its preparation.
-pub(crate) fn report_usage() -> bool {
+pub fn report_usage() -> bool {
     static CACHE: OnceLock<bool> = OnceLock::new();
     *CACHE.get_or_init(|| {
         let check = || -> io::Result<bool> {
@@ -123,7 +128,7 @@ pub(crate) fn pin_charge(bytes: usize) -> usize {
 /// interrupts the wait, not the request). If waiting fails otherwise with the request submitted,
 /// the kernel may still read the copy after the ring is gone (closing a ring cancels its requests
 /// asynchronously): the copy is leaked, never freed, and the error returned.
-pub(crate) fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
+pub fn send_zc_once(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<(i32, Option<i32>)> {
     let mut ring = IoUring::new(4)?;
     let copy: Box<[u8]> = buf.into();
     let len = u32::try_from(copy.len())
@@ -227,106 +232,4 @@ pub(super) fn take_failed_enter() -> Option<io::Error> {
         f.enter_errno
     };
     Some(io::Error::from_raw_os_error(errno))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io::{Read, Write};
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::AsFd;
-    use std::os::unix::thread::JoinHandleExt;
-    use std::sync::mpsc;
-    use std::time::Duration;
-
-    extern "C" fn ignore(_: libc::c_int) {}
-
-    /// A signal that interrupts `send_zc_once` while its request is parked (the peer does not
-    /// read, the socket is full) must not end the call: the kernel may still read the buffer, so
-    /// the call returns only after the request's last CQE, once the peer read.
-    #[test]
-    fn send_zc_once_waits_for_its_request_through_signals() {
-        if !zerotx_testbed::require(
-            super::probe().is_ok_and(|p| p.send_zc),
-            "no IORING_OP_SEND_ZC",
-        ) {
-            return;
-        }
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (mut p, _) = l.accept().unwrap();
-        socket2::SockRef::from(&c)
-            .set_send_buffer_size(4096)
-            .unwrap();
-        socket2::SockRef::from(&p)
-            .set_recv_buffer_size(4096)
-            .unwrap();
-        c.set_nonblocking(true).unwrap();
-        let mut prefill = 0usize;
-        while let Ok(n) = (&c).write(&[7u8; 4096]) {
-            prefill += n;
-        }
-        c.set_nonblocking(false).unwrap();
-        // SAFETY: a handler that does nothing, installed without SA_RESTART so that a blocking
-        // call it interrupts fails with EINTR.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = ignore as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
-        }
-        let (done_tx, done) = mpsc::channel();
-        let sender = std::thread::spawn(move || {
-            let r = super::send_zc_once(c.as_fd(), &[9u8; 4096]);
-            done_tx.send(()).unwrap();
-            (r, c)
-        });
-        let thread = sender.as_pthread_t();
-        let mut early = false;
-        for _ in 0..30 {
-            // SAFETY: the thread is joined only below, so its id stays valid.
-            unsafe { libc::pthread_kill(thread, libc::SIGUSR2) };
-            if done.recv_timeout(Duration::from_millis(10)).is_ok() {
-                early = true;
-                break;
-            }
-        }
-        // The peer reads now, until the call returns.
-        p.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        let mut read = 0usize;
-        let mut buf = [0u8; 65536];
-        while early || done.try_recv().is_err() {
-            if let Ok(n) = p.read(&mut buf) {
-                read += n;
-            }
-            if early && read >= prefill {
-                break;
-            }
-        }
-        let (r, _c) = sender.join().unwrap();
-        assert!(
-            !early,
-            "send_zc_once returned {r:?} with its request parked (peer had read nothing)"
-        );
-        let (res, notif) = r.unwrap();
-        assert_eq!(res, 4096);
-        assert!(notif.is_some());
-    }
-
-    /// The one-send check finds `IORING_SEND_ZC_REPORT_USAGE` on kernels that have it (6.2 on;
-    /// this machine runs 6.18), and never where `SEND_ZC` itself is missing.
-    #[test]
-    fn report_usage_is_found_where_the_kernel_has_it() {
-        let release = crate::sys::kernel_release().unwrap();
-        let mut v = release.split(|c: char| !c.is_ascii_digit());
-        let (major, minor): (u32, u32) = (
-            v.next().unwrap().parse().unwrap(),
-            v.next().unwrap().parse().unwrap(),
-        );
-        let send_zc = super::probe().is_ok_and(|p| p.send_zc);
-        if !send_zc {
-            assert!(!super::report_usage());
-        } else if (major, minor) >= (6, 2) {
-            assert!(super::report_usage(), "{release}");
-        }
-    }
 }

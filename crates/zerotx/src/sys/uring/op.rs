@@ -25,12 +25,12 @@ use crate::buf::SendBuf;
 ///   the buffer lives, and the payload (so the buffer) lives in the request until its last CQE;
 /// - the destination is reached through a shared reference to the payload, which nothing can
 ///   change while the ring holds the request: the request hands out `&mut` to its payload only to
-///   its owner ([`SendOp::payload_mut`]), who has the box only before the push and after the last
+///   its owner (`SendOp::payload_mut`), who has the box only before the push and after the last
 ///   CQE;
-/// - the request computes the unsent slices itself ([`unsent`]) from [`bufs`](Payload::bufs) and
+/// - the request computes the unsent slices itself (`unsent`) from [`bufs`](Payload::bufs) and
 ///   [`sent`](Payload::sent), so a wrong count sends the wrong bytes of the payload's own buffers,
 ///   never memory outside them.
-pub(crate) trait Payload: Send + 'static {
+pub trait Payload: Send + 'static {
     /// The buffers' type.
     type Buf: SendBuf;
 
@@ -67,11 +67,11 @@ pub(crate) fn unsent<B: SendBuf>(bufs: &[B], sent: usize) -> impl Iterator<Item 
 /// or the bytes of the [`SendBuf`]s it holds. All of it must stay valid, in place and unchanged
 /// for as long as the value lives at the address `entry` was called on (the ring keeps it boxed
 /// until the request's last CQE, then hands the box back, or drops it there if its owner reaps
-/// another type ([`Lent::Other`](super::Lent::Other)); it never drops one earlier). Between
+/// another type (`Lent::Other`); it never drops one earlier). Between
 /// CQEs the ring lends its owner only what [`meta`](Op::meta) points at
-/// ([`Lent::Live`](super::Lent::Live)), so [`meta`](Op::meta) must point at memory no entry
+/// (`Lent::Live`), so [`meta`](Op::meta) must point at memory no entry
 /// points at.
-pub(crate) unsafe trait Op: Any + Send {
+pub unsafe trait Op: Any + Send {
     /// What [`meta`](Op::meta) lends.
     type Meta;
 
@@ -111,7 +111,7 @@ macro_rules! on_target {
 
 /// How a [`SendOp`] goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SendKind {
+pub enum SendKind {
     /// `IORING_OP_SENDMSG`: the kernel copies.
     Copy,
     /// `IORING_OP_SENDMSG_ZC` with these `zc_flags` (in the SQE's `ioprio`).
@@ -133,7 +133,7 @@ pub(crate) enum SendKind {
 /// One send request: the unsent part of a [`Payload`], on descriptor `fd`, and what its owner
 /// keeps of it (`M`) in the same box, so a request is one allocation and one ring slot from its
 /// push to its last CQE.
-pub(crate) struct SendOp<P, M = ()> {
+pub struct SendOp<P, M = ()> {
     /// The owner's own account of the request ([`Op::meta`]). No SQE points at it: the only part
     /// of a request the ring lends its owner while it holds the request.
     pub(crate) meta: M,
@@ -156,7 +156,7 @@ unsafe impl<P: Send, M: Send> Send for SendOp<P, M> {}
 impl<P: Payload, M: Default> SendOp<P, M> {
     /// A request for `payload`, in a new box (a finished request's box is reused through
     /// [`payload_mut`](Self::payload_mut)).
-    pub(crate) fn new(payload: P) -> Box<Self> {
+    pub fn new(payload: P) -> Box<Self> {
         Box::new(Self {
             meta: M::default(),
             payload,
@@ -169,7 +169,7 @@ impl<P: Payload, M: Default> SendOp<P, M> {
     }
 
     /// What this request sends.
-    pub(crate) fn payload(&self) -> &P {
+    pub fn payload(&self) -> &P {
         &self.payload
     }
 
@@ -181,7 +181,7 @@ impl<P: Payload, M: Default> SendOp<P, M> {
     }
 
     /// Sets how the next push sends: on `fd`, as `kind`, with `msg_flags` `flags`.
-    pub(crate) fn set(&mut self, fd: RawFd, kind: SendKind, flags: i32) {
+    pub fn set(&mut self, fd: RawFd, kind: SendKind, flags: i32) {
         self.fd = fd;
         self.kind = kind;
         self.flags = flags;

@@ -67,7 +67,7 @@ const SLOT_MASK: u64 = (1 << OWNER_SHIFT) - 1;
 /// An owner id never given to a sender: requests of the test hooks.
 pub(crate) const NOBODY: u16 = u16::MAX;
 /// The request tag ([`Cqe::req`]) of an owner's [`Ring::push_cancel`].
-pub(crate) const CANCEL: u8 = u8::MAX;
+pub const CANCEL: u8 = u8::MAX;
 /// The request tag of a CQE whose `user_data` names no request of the ring (a kernel bug).
 pub(crate) const UNKNOWN: u8 = u8::MAX - 1;
 /// The slot of such a CQE.
@@ -91,29 +91,29 @@ pub(crate) const FILE_SLOTS: u32 = 64;
 /// One completion queue entry, decoded. 16 bytes, so it is passed in registers, not through the
 /// stack (docs/fast-path.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cqe {
+pub struct Cqe {
     /// Bytes, `-errno`, or a notification's usage report.
-    pub(crate) res: i32,
+    pub res: i32,
     /// `IORING_CQE_F_*`.
-    pub(crate) flags: u32,
+    pub flags: u32,
     /// The ring's slot of the request (`NO_SLOT` if none).
     slot: u32,
     /// The owner whose request it completes (from the top bits of `user_data`).
-    pub(crate) owner: u16,
+    pub owner: u16,
     /// The tag the owner gave the request when it pushed it ([`CANCEL`] for its cancel).
-    pub(crate) req: u8,
+    pub req: u8,
     /// The request's last CQE: the kernel is done with it and its memory.
-    pub(crate) last: bool,
+    pub last: bool,
 }
 
 impl Cqe {
     /// `IORING_CQE_F_NOTIF`: a zero-copy request's notification (the kernel let go of the pages).
-    pub(crate) fn is_notif(&self) -> bool {
+    pub fn is_notif(&self) -> bool {
         cqueue::notif(self.flags)
     }
 
     /// `IORING_CQE_F_MORE`: a notification follows this first CQE.
-    pub(crate) fn more(&self) -> bool {
+    pub fn more(&self) -> bool {
         cqueue::more(self.flags)
     }
 
@@ -138,30 +138,29 @@ pub(crate) enum Lent<'a, O: Op> {
     Unknown,
 }
 
-/// A [`Cqe`] and, with its last CQE, the request handed back (the tests' form of [`Lent`]).
-#[cfg(test)]
-pub(crate) struct Completion<O> {
+/// A [`Cqe`] and, with its last CQE, the request handed back (the tests' form of `Lent`).
+pub struct Completion<O> {
     /// The entry.
-    pub(crate) cqe: Cqe,
+    pub cqe: Cqe,
     /// With the request's last CQE: the request, handed back.
-    pub(crate) op: Option<Box<O>>,
+    pub op: Option<Box<O>>,
 }
 
 /// A request [`Ring::push`] could not queue, handed back unsubmitted.
-pub(crate) struct Refused<O> {
+pub struct Refused<O> {
     /// The request.
-    pub(crate) op: Box<O>,
+    pub op: Box<O>,
     /// The `io_uring_enter` that tried to make room failed; `None`: the SQ stayed full, or the CQ
     /// has no room for it (`no_place`).
-    pub(crate) error: Option<io::Error>,
-    /// The CQ has no room for its CQEs among its owner's (see [`Places`]): it waits for CQEs to
+    pub error: Option<io::Error>,
+    /// The CQ has no room for its CQEs among its owner's (see `Places`): it waits for CQEs to
     /// be read, not for the SQ.
-    pub(crate) no_place: bool,
+    pub no_place: bool,
 }
 
 /// Why [`Ring::join`] refused an owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum JoinRefused {
+pub enum JoinRefused {
     /// 65535 owners are on the ring.
     Ids,
     /// The CQ has room reserved for this many owners, and each reserve is taken.
@@ -198,7 +197,7 @@ struct Owner {
 }
 
 /// An io_uring instance (`io_uring_setup`) shared by owners: see the module docs.
-pub(crate) struct Ring {
+pub struct Ring {
     ring: IoUring,
     entries: u32,
     batch: usize,
@@ -227,14 +226,14 @@ pub(crate) struct Ring {
 
 /// What [`Ring::on_inbox`] calls: it runs under the ring's lock, so it must only signal (wake a
 /// task, set a flag), never touch the ring.
-pub(crate) type InboxHook = std::sync::Arc<dyn Fn() + Send + Sync>;
+pub type InboxHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 impl Ring {
     /// The CQEs a ring of `entries` SQEs for up to `owners` owners is set up with: a reserve per
     /// owner, and a pool of two per SQE (see [`Places`]), at most [`MAX_CQ_ENTRIES`] (the pool is
     /// smaller then). The kernel rounds it up to a power of two. `None` if the reserves and one
     /// more request do not fit.
-    pub(crate) fn cq_size(entries: u32, owners: u32) -> Option<u32> {
+    pub fn cq_size(entries: u32, owners: u32) -> Option<u32> {
         let reserves = RESERVE as u64 * u64::from(owners);
         if reserves + SEND_CQES as u64 > u64::from(MAX_CQ_ENTRIES) {
             return None;
@@ -247,7 +246,7 @@ impl Ring {
     /// [`submit_if_due`] enters once `batch` SQEs wait.
     ///
     /// [`submit_if_due`]: Ring::submit_if_due
-    pub(crate) fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
+    pub fn new(entries: u32, batch: usize, owners: u32) -> io::Result<Self> {
         let cq = Self::cq_size(entries, owners)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
         let ring = IoUring::builder().setup_cqsize(cq).build(entries)?;
@@ -289,7 +288,7 @@ impl Ring {
     /// never used. Refused when 65535 owners are on the ring, or when the CQ has no reserve left
     /// for another (see [`Places`]). Its requests name `fd` through the registered file slot of
     /// its id if there is one (see the module docs), else `fd` itself.
-    pub(crate) fn join(&mut self, fd: Option<RawFd>) -> Result<u16, JoinRefused> {
+    pub fn join(&mut self, fd: Option<RawFd>) -> Result<u16, JoinRefused> {
         let owner = match self.free_ids.pop() {
             Some(id) => id,
             None if self.next_owner < NOBODY => {
@@ -332,7 +331,7 @@ impl Ring {
     /// The owner left: its requests already finished but not reaped go to the departed list, those
     /// still in flight follow at their last CQE (see the module docs), and its id is reused once
     /// its last request finished.
-    pub(crate) fn leave(&mut self, owner: u16) {
+    pub fn leave(&mut self, owner: u16) {
         let Some(o) = owner_in(&mut self.owners, owner) else {
             return;
         };
@@ -374,7 +373,7 @@ impl Ring {
     }
 
     /// The ring's descriptor: readable when CQEs wait, writable while the SQ has room.
-    pub(crate) fn fd(&self) -> RawFd {
+    pub fn fd(&self) -> RawFd {
         self.ring.as_raw_fd()
     }
 
@@ -383,8 +382,20 @@ impl Ring {
         self.entries
     }
 
+    /// Test hook: the registered file slot `owner`'s requests name its socket by, if any.
+    #[doc(hidden)]
+    pub fn file_slot(&self, owner: u16) -> Option<u32> {
+        self.owners.get(usize::from(owner))?.as_ref()?.file
+    }
+
+    /// Test hook: the ring's registered file slots (0: the kernel has no sparse file table).
+    #[doc(hidden)]
+    pub fn file_slots(&self) -> u32 {
+        self.file_slots
+    }
+
     /// Requests pushed and not yet finished, every owner's.
-    pub(crate) fn in_flight(&self) -> usize {
+    pub fn in_flight(&self) -> usize {
         self.slots.len() - self.unclaimed
     }
 
@@ -418,12 +429,7 @@ impl Ring {
     /// request of an owner but its [`CANCEL`]) the CQ has no room for comes back unqueued
     /// (`no_place`). A full SQ is met with one `io_uring_enter`; if it is still full, or that
     /// enter failed, `op` comes back unqueued. The ring keeps a queued `op` until its last CQE.
-    pub(crate) fn push<O: Op>(
-        &mut self,
-        owner: u16,
-        req: u8,
-        mut op: Box<O>,
-    ) -> Result<(), Refused<O>> {
+    pub fn push<O: Op>(&mut self, owner: u16, req: u8, mut op: Box<O>) -> Result<(), Refused<O>> {
         let counted = owner != NOBODY && req != CANCEL;
         if counted && !self.has_room(owner) {
             return Err(Refused {
@@ -482,7 +488,7 @@ impl Ring {
     /// Queues an `IORING_OP_ASYNC_CANCEL` of every request of `owner` on the file `fd` names;
     /// its CQE carries [`CANCEL`]. Only submitted requests can be cancelled: submit before it
     /// leaves the SQ. `Ok(false)`: the SQ stayed full.
-    pub(crate) fn push_cancel(&mut self, owner: u16, fd: RawFd) -> io::Result<bool> {
+    pub fn push_cancel(&mut self, owner: u16, fd: RawFd) -> io::Result<bool> {
         match self.push(owner, CANCEL, Box::new(Cancel { fd })) {
             Ok(()) => Ok(true),
             Err(Refused { error: None, .. }) => Ok(false),
@@ -492,7 +498,7 @@ impl Ring {
 
     /// Queues an `IORING_OP_NOP` that belongs to no owner (a test hook). `Ok(false)`: the SQ
     /// stayed full.
-    pub(crate) fn push_nop(&mut self) -> io::Result<bool> {
+    pub fn push_nop(&mut self) -> io::Result<bool> {
         match self.push(NOBODY, 0, Box::new(Nop)) {
             Ok(()) => Ok(true),
             Err(Refused { error: None, .. }) => Ok(false),
@@ -504,7 +510,7 @@ impl Ring {
     /// kernel holds after a CQ overflow. The kernel stops at an SQE that fails its preparation
     /// (posting its error CQE) and leaves the rest in the ring: enter again while that makes
     /// progress (bounded by the SQ length).
-    pub(crate) fn submit(&mut self) -> io::Result<()> {
+    pub fn submit(&mut self) -> io::Result<()> {
         let mut overflow = self.cq_overflow();
         loop {
             let pending = self.sq_len();
@@ -592,8 +598,7 @@ impl Ring {
     }
 
     /// [`reap_with`](Self::reap_with) into a list (the tests' form).
-    #[cfg(test)]
-    pub(crate) fn reap_for<O: Op>(&mut self, owner: u16, out: &mut Vec<Completion<O>>) {
+    pub fn reap_for<O: Op>(&mut self, owner: u16, out: &mut Vec<Completion<O>>) {
         self.reap_with::<O>(owner, |cqe, lent| {
             let op = match lent {
                 Lent::Back(op) => Some(op),
@@ -638,14 +643,12 @@ impl Ring {
     /// of completions from the ring's readiness needs it: epoll reports the ring readable only if
     /// CQEs are still in the CQ when the loop asks, so CQEs another owner's reap took first
     /// would otherwise wait in their inbox with nobody told.
-    #[cfg(any(feature = "tokio", test))]
-    pub(crate) fn on_inbox(&mut self, hook: Option<InboxHook>) {
+    pub fn on_inbox(&mut self, hook: Option<InboxHook>) {
         self.on_inbox = hook;
     }
 
     /// Clears the hook if it is still `hook` (a newer one set since stays).
-    #[cfg(any(feature = "tokio", test))]
-    pub(crate) fn clear_on_inbox(&mut self, hook: &InboxHook) {
+    pub fn clear_on_inbox(&mut self, hook: &InboxHook) {
         if self
             .on_inbox
             .as_ref()
@@ -660,8 +663,7 @@ impl Ring {
     /// CQEs since this call last looked and still holds some: whether this call or another
     /// owner's reap put them there. An event loop that watches the ring's fd once for all its
     /// owners wakes just those (the others have nothing new to reap).
-    #[cfg(any(feature = "tokio", test))]
-    pub(crate) fn route(&mut self, woken: &mut Vec<u16>) {
+    pub fn route(&mut self, woken: &mut Vec<u16>) {
         for _ in 0..FLUSH_ROUNDS {
             // No owner has the id `NOBODY`: every CQE goes to an inbox (or, an owner that left,
             // to the departed list), none to `apply`.
@@ -775,7 +777,7 @@ impl Ring {
 
     /// Requests of owners that left whose last CQE arrived (see the module docs): the caller drops
     /// them after it let go of the ring's lock.
-    pub(crate) fn take_departed(&mut self) -> Vec<Box<dyn Any + Send>> {
+    pub fn take_departed(&mut self) -> Vec<Box<dyn Any + Send>> {
         std::mem::take(&mut self.departed)
     }
 
@@ -845,41 +847,20 @@ impl Drop for Ring {
 
 #[cfg(test)]
 mod tests {
-    use std::net::{Ipv4Addr, UdpSocket};
-    use std::os::fd::AsRawFd;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::time::Duration;
-
     use socket2::SockAddr;
 
     use super::*;
-    use crate::buf::SendBuf;
     use crate::sys::uring::op::Payload;
-    use crate::sys::uring::{SendKind, SendOp};
+    use crate::sys::uring::SendOp;
 
-    /// A buffer that counts its drops.
-    struct Counted(Vec<u8>, Arc<AtomicUsize>);
+    /// A request of one whole buffer, for the sizes below.
+    struct One(Vec<u8>);
 
-    impl Drop for Counted {
-        fn drop(&mut self) {
-            self.1.fetch_add(1, Ordering::SeqCst);
-        }
-    }
+    impl Payload for One {
+        type Buf = Vec<u8>;
 
-    // SAFETY: the Vec's heap bytes do not move with the value, and nothing changes them.
-    unsafe impl SendBuf for Counted {
-        fn as_bytes(&self) -> &[u8] {
-            &self.0
-        }
-    }
-
-    /// A request of one whole buffer to the connected peer.
-    impl Payload for Counted {
-        type Buf = Self;
-
-        fn bufs(&self) -> &[Self] {
-            std::slice::from_ref(self)
+        fn bufs(&self) -> &[Vec<u8>] {
+            std::slice::from_ref(&self.0)
         }
 
         fn sent(&self) -> usize {
@@ -889,38 +870,6 @@ mod tests {
         fn dest(&self) -> Option<&SockAddr> {
             None
         }
-    }
-
-    /// A UDP socket connected to itself on 127.0.0.1, and a `SENDMSG_ZC` of 1000 bytes on it.
-    fn setup(drops: &Arc<AtomicUsize>) -> Option<(UdpSocket, Box<SendOp<Counted>>)> {
-        if !zerotx_testbed::require(
-            crate::sys::uring::probe().is_ok_and(|p| p.sendmsg_zc),
-            "no IORING_OP_SENDMSG_ZC",
-        ) {
-            return None;
-        }
-        let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        sock.connect(sock.local_addr().unwrap()).unwrap();
-        let mut op = SendOp::new(Counted(vec![7; 1000], drops.clone()));
-        op.set(
-            sock.as_raw_fd(),
-            SendKind::ZeroCopy { zc_flags: 0 },
-            libc::MSG_NOSIGNAL,
-        );
-        Some((sock, op))
-    }
-
-    /// Reaps for `owner` until the ring has nothing in flight.
-    fn reap_all(ring: &mut Ring, owner: u16) -> Vec<Completion<SendOp<Counted>>> {
-        let mut out = Vec::new();
-        for _ in 0..100 {
-            ring.reap_for(owner, &mut out);
-            if ring.in_flight() == 0 {
-                return out;
-            }
-            crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_millis(50))).unwrap();
-        }
-        panic!("requests still in flight after 5 s");
     }
 
     /// The CQ holds a reserve per owner and two CQEs per SQE, within the kernel's limit, which
@@ -938,302 +887,6 @@ mod tests {
     #[test]
     fn a_cqe_and_a_lent_request_fit_two_registers() {
         assert_eq!(std::mem::size_of::<Cqe>(), 16);
-        assert_eq!(std::mem::size_of::<Lent<'_, SendOp<Counted>>>(), 16);
-    }
-
-    #[test]
-    fn a_request_comes_back_with_its_last_cqe_only() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let Some((_sock, op)) = setup(&drops) else {
-            return;
-        };
-        let mut ring = Ring::new(8, 4, 4).unwrap();
-        let owner = ring.join(None).unwrap();
-        assert!(ring.push(owner, 5, op).is_ok());
-        ring.submit().unwrap();
-        let got = reap_all(&mut ring, owner);
-        let (last, before) = got.split_last().unwrap();
-        assert!(last.cqe.last && last.op.is_some(), "{:?}", last.cqe);
-        for c in before {
-            assert!(!c.cqe.last && c.op.is_none(), "{:?}", c.cqe);
-        }
-        // A zero-copy send posts its result and a notification, in either order.
-        assert_eq!(got.len(), 2);
-        assert!(got.iter().any(|c| c.cqe.is_notif()));
-        let first = got.iter().find(|c| !c.cqe.is_notif()).unwrap().cqe;
-        assert_eq!((first.owner, first.req, first.res), (owner, 5, 1000));
-        assert!(first.more());
-        let op = got.into_iter().find_map(|c| c.op).unwrap();
-        assert_eq!(drops.load(Ordering::SeqCst), 0);
-        assert_eq!(op.payload().0, vec![7; 1000]);
-        drop(op);
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
-    }
-
-    /// An owner's requests of another type than the one it reaps (its cancel) come as
-    /// `Lent::Other` with their tag, never handed back as one of its sends.
-    #[test]
-    fn a_request_of_another_type_comes_as_other_with_its_tag() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let Some((sock, op)) = setup(&drops) else {
-            return;
-        };
-        let mut ring = Ring::new(8, 4, 4).unwrap();
-        let owner = ring.join(None).unwrap();
-        assert!(ring.push(owner, 0, op).is_ok());
-        ring.submit().unwrap();
-        assert!(ring.push_cancel(owner, sock.as_raw_fd()).unwrap());
-        ring.submit().unwrap();
-        let got = reap_all(&mut ring, owner);
-        let cancel: Vec<_> = got.iter().filter(|c| c.cqe.req == CANCEL).collect();
-        assert_eq!(cancel.len(), 1);
-        assert!(cancel[0].cqe.last && cancel[0].op.is_none());
-        let sends: Vec<_> = got.iter().filter(|c| c.cqe.req == 0).collect();
-        assert_eq!(sends.iter().filter(|c| c.op.is_some()).count(), 1);
-    }
-
-    #[test]
-    fn requests_of_an_owner_that_left_are_freed_after_their_last_cqe_and_a_dropped_rings_leaked() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let Some((_sock, op)) = setup(&drops) else {
-            return;
-        };
-        let mut ring = Ring::new(8, 4, 4).unwrap();
-        let owner = ring.join(None).unwrap();
-        let other = ring.join(None).unwrap();
-        assert!(ring.push(owner, 0, op).is_ok());
-        ring.submit().unwrap();
-        ring.leave(owner);
-        // Another owner reaps the request's CQEs: the request departs, and the id comes free.
-        assert!(reap_all(&mut ring, other).is_empty());
-        assert_eq!(drops.load(Ordering::SeqCst), 0, "dropped under the ring");
-        let departed = ring.take_departed();
-        assert_eq!(departed.len(), 1);
-        drop(departed);
-        assert_eq!(drops.load(Ordering::SeqCst), 1, "freed after its last CQE");
-        assert_eq!(ring.join(None), Ok(owner));
-        // A request still in the ring when it is dropped (here never even submitted).
-        let (_sock, op) = setup(&drops).unwrap();
-        assert!(ring.push(other, 0, op).is_ok());
-        drop(ring);
-        assert_eq!(drops.load(Ordering::SeqCst), 1);
-    }
-
-    /// Waits until a CQE is posted (the ring's fd turns readable), up to 1 s.
-    fn wait_cqe(ring: &Ring) {
-        crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_secs(1))).unwrap();
-    }
-
-    #[test]
-    fn route_names_only_the_owners_whose_inbox_got_cqes() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let (tx, _rx) = udp_pair();
-        let mut ring = Ring::new(8, 4, 4).unwrap();
-        let (a, b, idle) = (
-            ring.join(None).unwrap(),
-            ring.join(None).unwrap(),
-            ring.join(None).unwrap(),
-        );
-        let mut woken = Vec::new();
-        // A CQE in the CQ: moved into its owner's inbox, and its owner named, once.
-        assert!(ring.push(a, 0, copy_op(&tx, 1, &drops)).is_ok());
-        ring.submit().unwrap();
-        wait_cqe(&ring);
-        ring.route(&mut woken);
-        assert_eq!(woken, [a]);
-        woken.clear();
-        ring.route(&mut woken);
-        assert!(woken.is_empty(), "named again: {woken:?}");
-        let got = reap_all(&mut ring, a);
-        assert_eq!(got.len(), 1);
-        assert!(got[0].cqe.last && got[0].op.is_some());
-        // A CQE another owner's reap moved into an inbox: its owner is named all the same.
-        assert!(ring.push(b, 0, copy_op(&tx, 2, &drops)).is_ok());
-        ring.submit().unwrap();
-        wait_cqe(&ring);
-        assert!(reap_all(&mut ring, a).is_empty());
-        ring.route(&mut woken);
-        assert_eq!(woken, [b]);
-        woken.clear();
-        // One that claimed its inbox before the route looked is not named.
-        assert!(ring.push(b, 0, copy_op(&tx, 3, &drops)).is_ok());
-        ring.submit().unwrap();
-        wait_cqe(&ring);
-        assert!(reap_all(&mut ring, a).is_empty());
-        assert_eq!(reap_all(&mut ring, b).len(), 2);
-        ring.route(&mut woken);
-        assert!(woken.is_empty(), "named with an empty inbox: {woken:?}");
-        // An owner that left is never named: its request departs at its last CQE.
-        assert!(ring.push(a, 0, copy_op(&tx, 4, &drops)).is_ok());
-        ring.submit().unwrap();
-        ring.leave(a);
-        wait_cqe(&ring);
-        ring.route(&mut woken);
-        assert!(woken.is_empty(), "a departed owner named: {woken:?}");
-        assert_eq!(ring.take_departed().len(), 1);
-        assert!(!woken.contains(&idle));
-        assert_eq!(ring.in_flight(), 0);
-    }
-
-    /// A reap that moves CQEs into another owner's inbox calls the inbox hook, once until
-    /// `route` looks; `route`'s own moves do not (it names those owners itself); a cleared hook,
-    /// or one replaced since, is not called.
-    #[test]
-    fn a_reap_for_another_owner_calls_the_inbox_hook() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let (tx, _rx) = udp_pair();
-        let mut ring = Ring::new(8, 4, 4).unwrap();
-        let (a, b) = (ring.join(None).unwrap(), ring.join(None).unwrap());
-        let calls = Arc::new(AtomicUsize::new(0));
-        let counter = calls.clone();
-        let hook: InboxHook = Arc::new(move || {
-            counter.fetch_add(1, Ordering::Relaxed);
-        });
-        ring.on_inbox(Some(hook.clone()));
-        let mut woken = Vec::new();
-        let send = |ring: &mut Ring, owner, byte| {
-            assert!(ring.push(owner, 0, copy_op(&tx, byte, &drops)).is_ok());
-            ring.submit().unwrap();
-            wait_cqe(ring);
-        };
-        send(&mut ring, b, 1);
-        assert!(reap_all(&mut ring, a).is_empty());
-        assert_eq!(
-            calls.load(Ordering::Relaxed),
-            1,
-            "b's CQE moved by a's reap"
-        );
-        send(&mut ring, b, 2);
-        assert!(reap_all(&mut ring, a).is_empty());
-        assert_eq!(
-            calls.load(Ordering::Relaxed),
-            1,
-            "b not yet named: told once"
-        );
-        ring.route(&mut woken);
-        assert_eq!(woken, [b]);
-        assert_eq!(reap_all(&mut ring, b).len(), 2);
-        send(&mut ring, b, 3);
-        ring.route(&mut woken);
-        assert_eq!(
-            calls.load(Ordering::Relaxed),
-            1,
-            "route names what it moves itself"
-        );
-        assert_eq!(reap_all(&mut ring, b).len(), 1);
-        // A hook replaced since is not cleared by its predecessor's owner.
-        let other: InboxHook = Arc::new(|| {});
-        ring.clear_on_inbox(&other);
-        send(&mut ring, b, 4);
-        assert!(reap_all(&mut ring, a).is_empty());
-        assert_eq!(calls.load(Ordering::Relaxed), 2);
-        ring.clear_on_inbox(&hook);
-        ring.route(&mut woken);
-        assert_eq!(reap_all(&mut ring, b).len(), 1);
-        send(&mut ring, b, 5);
-        assert!(reap_all(&mut ring, a).is_empty());
-        assert_eq!(
-            calls.load(Ordering::Relaxed),
-            2,
-            "a cleared hook was called"
-        );
-        assert_eq!(reap_all(&mut ring, b).len(), 1);
-    }
-
-    /// A `SENDMSG` (copy) of `byte` on `sock`.
-    fn copy_op(sock: &UdpSocket, byte: u8, drops: &Arc<AtomicUsize>) -> Box<SendOp<Counted>> {
-        let mut op = SendOp::new(Counted(vec![byte; 100], drops.clone()));
-        op.set(sock.as_raw_fd(), SendKind::Copy, libc::MSG_NOSIGNAL);
-        op
-    }
-
-    /// A UDP socket connected to a receiver on 127.0.0.1, and the receiver (non-blocking).
-    fn udp_pair() -> (UdpSocket, UdpSocket) {
-        let rx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        rx.set_nonblocking(true).unwrap();
-        let tx = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        tx.connect(rx.local_addr().unwrap()).unwrap();
-        (tx, rx)
-    }
-
-    /// The first byte of each datagram waiting on `rx`.
-    fn received(rx: &UdpSocket) -> Vec<u8> {
-        let mut got = Vec::new();
-        let mut buf = [0u8; 200];
-        while let Ok(n) = rx.recv(&mut buf) {
-            assert_eq!(n, 100);
-            got.push(buf[0]);
-        }
-        got
-    }
-
-    /// An owner's registered file slot is cleared, and its id (and so its slot) given to another
-    /// socket, only once no SQE can name it: an SQE still unsubmitted when its owner leaves goes to
-    /// the owner's socket (not `EBADF`, not the newcomer's socket).
-    #[test]
-    fn a_file_slot_outlives_the_sqes_that_name_it() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let mut ring = Ring::new(8, 8, 4).unwrap();
-        if !zerotx_testbed::require(
-            ring.file_slots != 0,
-            "no sparse registered file table (5.19)",
-        ) {
-            return;
-        }
-        let (a, a_rx) = udp_pair();
-        let (b, b_rx) = udp_pair();
-        let owner = ring.join(Some(a.as_raw_fd())).unwrap();
-        assert_eq!(
-            ring.owners[usize::from(owner)].as_ref().unwrap().file,
-            Some(0)
-        );
-        assert!(ring.push(owner, 0, copy_op(&a, 0xAA, &drops)).is_ok());
-        // Leaves with its SQE unsubmitted: its slot stays, its id is not free.
-        ring.leave(owner);
-        let other = ring.join(Some(b.as_raw_fd())).unwrap();
-        assert_ne!(other, owner);
-        ring.submit().unwrap();
-        let mut done: Vec<Completion<SendOp<Counted>>> = Vec::new();
-        for _ in 0..100 {
-            ring.reap_for(other, &mut done);
-            if ring.in_flight() == 0 {
-                break;
-            }
-            crate::sys::poll_one(ring.fd(), libc::POLLIN, Some(Duration::from_millis(50))).unwrap();
-        }
-        assert_eq!(
-            received(&a_rx),
-            vec![0xAA],
-            "the leaver's SQE reached its own socket"
-        );
-        // Its request finished: the slot is cleared and the id free for a newcomer on `b`.
-        let third = ring.join(Some(b.as_raw_fd())).unwrap();
-        assert_eq!(third, owner);
-        assert!(ring.push(third, 0, copy_op(&b, 0xBB, &drops)).is_ok());
-        ring.submit().unwrap();
-        reap_all(&mut ring, third);
-        assert_eq!(received(&b_rx), vec![0xBB]);
-        assert!(received(&a_rx).is_empty());
-    }
-
-    #[test]
-    fn a_full_sq_hands_the_request_back() {
-        let drops = Arc::new(AtomicUsize::new(0));
-        let Some((_sock, op)) = setup(&drops) else {
-            return;
-        };
-        let mut ring = Ring::new(1, 4, 4).unwrap();
-        let owner = ring.join(None).unwrap();
-        assert!(ring.push_nop().unwrap());
-        // The push enters once to make room: inject a failure, then a full SQ.
-        crate::sys::uring::inject(crate::sys::uring::Faults {
-            failed_enters: 1,
-            ..Default::default()
-        });
-        let refused = ring.push(owner, 0, op).err().unwrap();
-        crate::sys::uring::inject(Default::default());
-        assert!(refused.error.is_some());
-        assert_eq!(ring.in_flight(), 1);
-        assert_eq!(refused.op.payload().0.len(), 1000);
+        assert_eq!(std::mem::size_of::<Lent<'_, SendOp<One>>>(), 16);
     }
 }

@@ -1,55 +1,44 @@
-//! [`UringEngine`]: the io_uring engine (see the [module docs](super) for order, completions,
-//! the budget and leaving).
+//! [`State`]: everything of an io_uring engine but its ring, and a buffer's way through it:
+//! queued, formed into a record in the box of its request, pushed, its CQEs applied (what follows
+//! each is [`cqe`](super::cqe)'s), released. The socket's [`Order`] is the engine type's, fixed when the
+//! factory built it. See the [module docs](super) for order, completions, the budget and leaving.
 
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::AsFd;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use socket2::SockAddr;
 
-use super::config::UringConfig;
 use super::cqe::{self, OnBudget, Req, Then};
-use super::shared::{RingGuard, RingRef, UringShared};
-use super::state::{Budget, Due, Head, Next, Op, Seat, Shape};
-
+use super::state::{Budget, Due, Next, Op, Order, Seat};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::clock::EpochClock;
 use crate::engine::policy;
 use crate::engine::policy::auto::{AutoPolicy, Choice, Load};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::{send_each, send_front, Engine, EngineKind};
-use crate::error::{Error, Feature, SendError};
-use crate::report::{CopyReason, Readiness, Released, Stats};
-use crate::socket::{Family, SockType, Socket};
+use crate::report::{CopyReason, Released, Stats};
 use crate::sys;
-use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp};
+use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp, UringConfig};
 
-pub(crate) struct UringEngine<B> {
-    ring: RingRef,
-    /// Everything but the ring, apart so that a call can hold the ring's lock while it changes it.
-    st: State<B>,
-}
-
-/// Everything of an io_uring engine but its ring, in named records (`state.rs`) and the few
-/// counters and settings that need no record.
-struct State<B> {
-    seat: Seat,
-    shape: Shape,
-    head: Head,
-    due: Due<B>,
+/// Everything of an io_uring engine but its ring, in named records (`state.rs`), the socket's
+/// [`Order`], and the few counters and settings that need no record.
+pub(super) struct State<B, O> {
+    pub(super) seat: Seat,
+    pub(super) order: O,
+    pub(super) due: Due<B>,
     budget: Budget<B>,
     /// Zero-copy requests may be sent (`uring-zc`, or `auto`).
-    zc: bool,
+    pub(super) zc: bool,
     /// `auto`: the per-record choice between zero-copy and copy.
-    auto: Option<AutoPolicy>,
+    pub(super) auto: Option<AutoPolicy>,
     clock: EpochClock,
     /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
     zc_flags: u16,
-    cfg: UringConfig,
+    pub(super) cfg: UringConfig,
     /// Buffers accepted and not yet in a record, in order. Destinations boxed: an entry moves
     /// twice per send, and most sends have none.
-    queue: VecDeque<(B, Option<Box<SockAddr>>)>,
+    pub(super) queue: VecDeque<(B, Option<Box<SockAddr>>)>,
     /// This sender's requests in the ring (pushed, last CQE not yet applied).
     in_ring: usize,
     latency: LatencySampler,
@@ -58,18 +47,15 @@ struct State<B> {
     /// Shutting down: results are recorded, nothing more is pushed.
     closing: bool,
     /// In a batch of sends ([`Engine::batch`]): enter only for a full batch.
-    batching: bool,
+    pub(super) batching: bool,
     /// Buffers accepted and not yet given back.
-    held: usize,
-    stats: Stats,
+    pub(super) held: usize,
+    pub(super) stats: Stats,
 }
-
-/// How long a sender on a shared ring sleeps before it looks at its inbox again.
-const SHARED_WAIT_SLICE: Duration = Duration::from_millis(5);
 
 /// Fixed buffer index for `buf` when it lies in the registered `region` and policy sends it
 /// alone from there ([`policy::fixed_buffer`]).
-fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B) -> Option<u16> {
+pub(super) fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B) -> Option<u16> {
     if !policy::fixed_buffer(buf.as_bytes().len(), merge) {
         return None;
     }
@@ -95,106 +81,48 @@ fn op_for<B: SendBuf>(
     }
 }
 
-impl<B: SendBuf> UringEngine<B> {
-    pub(crate) fn new(
-        sock: &Socket,
+impl<B, O> State<B, O> {
+    /// The state of a sender that joined its ring as `seat`, its requests in `order`: zero-copy
+    /// requests when `zc` (with `zc_flags`), `auto` choosing per record when given.
+    pub(super) fn new(
+        seat: Seat,
+        order: O,
         zc: bool,
-        cfg: UringConfig,
-        shared: Option<&UringShared>,
-    ) -> Result<Self, Error> {
-        Self::with_policy(sock, zc, cfg, shared, None)
-    }
-
-    /// As [`new`](Self::new), with `auto`'s policy choosing per record (`zc` must be set).
-    pub(crate) fn with_policy(
-        sock: &Socket,
-        zc: bool,
-        cfg: UringConfig,
-        shared: Option<&UringShared>,
+        zc_flags: u16,
         auto: Option<AutoPolicy>,
-    ) -> Result<Self, Error> {
-        let unsupported = |reason: String| Error::Unsupported {
-            feature: if zc {
-                Feature::UringZerocopy(sock.kind)
-            } else {
-                Feature::IoUring
-            },
-            reason,
-        };
-        let probe = sysu::probe().map_err(|e| {
-            unsupported(format!(
-                "io_uring_setup answered {e} (kernel without io_uring, kernel.io_uring_disabled, \
-                 or a seccomp filter); use the copy or msg-zc engine"
-            ))
-        })?;
-        if zc {
-            if !(probe.send_zc && probe.sendmsg_zc) {
-                return Err(unsupported(
-                    "this kernel lacks IORING_OP_SEND_ZC/SENDMSG_ZC (6.1); use msg-zc".into(),
-                ));
-            }
-            // The kernel sends zero-copy on TCP and UDP only (other protocols clear
-            // SOCK_SUPPORT_ZC, and every send would fail with EOPNOTSUPP).
-            let k = sock.kind;
-            let inet = matches!(k.family, Family::Inet4 | Family::Inet6);
-            let tcp = k.ty == SockType::Stream && k.protocol == libc::IPPROTO_TCP;
-            let udp = k.ty == SockType::Dgram && k.protocol == libc::IPPROTO_UDP;
-            if !inet || !(tcp || udp) {
-                return Err(unsupported(format!(
-                    "zero-copy io_uring sends need a TCP or UDP socket, not {} (protocol {}); use \
-                     uring",
-                    k, k.protocol
-                )));
-            }
+        cfg: UringConfig,
+    ) -> Self {
+        Self {
+            seat,
+            order,
+            due: Due::default(),
+            budget: Budget::new(if zc { sysu::pin_limit() } else { None }),
+            zc,
+            auto,
+            clock: EpochClock::default(),
+            zc_flags,
+            cfg,
+            queue: VecDeque::new(),
+            in_ring: 0,
+            latency: LatencySampler::default(),
+            spare: Vec::new(),
+            closing: false,
+            batching: false,
+            held: 0,
+            stats: Stats::default(),
         }
-        let fd = sock.fd().try_clone_to_owned().map_err(|source| Error::Io {
-            context: "fcntl(F_DUPFD_CLOEXEC) of the socket for io_uring",
-            source,
-        })?;
-        let ring = RingRef::new(cfg, shared)?;
-        // A datagram socket names itself by registered file slot (see `FILE_SLOTS`).
-        let owner = ring.shared().join(&fd, !sock.kind.is_ordered())?;
-        let cfg = ring.shared().cfg;
-        let report = zc && sysu::report_usage();
-        Ok(Self {
-            ring,
-            st: State {
-                seat: Seat::new(owner, fd),
-                shape: Shape::of(sock.kind),
-                head: Head::default(),
-                due: Due::default(),
-                budget: Budget::new(if zc { sysu::pin_limit() } else { None }),
-                zc,
-                auto,
-                clock: EpochClock::default(),
-                zc_flags: if report {
-                    sysu::SEND_ZC_REPORT_USAGE
-                } else {
-                    0
-                },
-                cfg,
-                queue: VecDeque::new(),
-                in_ring: 0,
-                latency: LatencySampler::default(),
-                spare: Vec::new(),
-                closing: false,
-                batching: false,
-                held: 0,
-                stats: Stats::default(),
-            },
-        })
-    }
-
-    /// The ring (locked if shared) and the state beside it.
-    #[inline]
-    fn split(&mut self) -> (RingGuard<'_>, &mut State<B>) {
-        (self.ring.get(), &mut self.st)
     }
 }
 
-impl<B: SendBuf> State<B> {
+impl<B: SendBuf, O: Order> State<B, O> {
+    /// The errno a new buffer is refused with: the stream's, once it broke, or `EPIPE` once the
+    /// engine shut down.
+    pub(super) fn refusal(&self) -> Option<i32> {
+        self.order.broken().or(self.closing.then_some(libc::EPIPE))
+    }
+
     /// The registered region zero-copy requests may send from, if any.
-    fn fixed_region(&self, ring: &Ring) -> Option<u64> {
+    pub(super) fn fixed_region(&self, ring: &Ring) -> Option<u64> {
         if self.zc {
             ring.registered().map(BufPool::region_id)
         } else {
@@ -205,8 +133,8 @@ impl<B: SendBuf> State<B> {
     /// A request waiting in the SQ is entered as soon as nothing submitted is in flight: outside
     /// a batch of sends, and always for an ordered socket, whose one request in flight never
     /// fills a batch (holding it back would idle the connection until the batch ends).
-    fn eager(&self) -> bool {
-        !self.batching || self.shape.ordered()
+    pub(super) fn eager(&self) -> bool {
+        !self.batching || O::ORDERED
     }
 
     /// Whether `bytes` could ever be pinned: io_uring refuses (`ENOMEM`) a zero-copy send whose
@@ -217,17 +145,15 @@ impl<B: SendBuf> State<B> {
 
     /// Order, the CQ's room for this sender and the requests waiting to be pushed let a new
     /// request form.
-    fn may_issue(&self, ring: &Ring) -> bool {
-        self.due.to_push.is_empty()
-            && !(self.shape.ordered() && self.head.busy())
-            && ring.has_room(self.seat.owner)
+    pub(super) fn may_issue(&self, ring: &Ring) -> bool {
+        self.due.to_push.is_empty() && !self.order.busy() && ring.has_room(self.seat.owner)
     }
 
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
     /// `auto`'s small copies on a byte stream are written at once ([`write_now`]).
     ///
     /// [`write_now`]: Self::write_now
-    fn issue(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
+    pub(super) fn issue(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
         let region = self.fixed_region(ring);
         loop {
             if self.queue.is_empty() || !self.may_issue(ring) {
@@ -235,7 +161,7 @@ impl<B: SendBuf> State<B> {
             }
             let fixed = {
                 let (first, _) = self.queue.front().expect("queue not empty");
-                fixed_index(region, self.shape.merge(), first).is_some()
+                fixed_index(region, self.order.merge(), first).is_some()
             };
             let mut zc = self.zc;
             let mut chosen = None;
@@ -244,7 +170,7 @@ impl<B: SendBuf> State<B> {
             if let Some(auto) = &mut self.auto {
                 let (first, _) = self.queue.front().expect("queue not empty");
                 let len = first.as_bytes().len();
-                direct = self.shape.merge() && policy::write_now(len);
+                direct = self.order.merge() && policy::write_now(len);
                 let (bytes, sends) = self.budget.pinned();
                 let load = Load { sends, bytes };
                 let choice = auto.choose(len, fixed, load);
@@ -281,7 +207,7 @@ impl<B: SendBuf> State<B> {
     /// `to_push`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    fn form(
+    pub(super) fn form(
         &mut self,
         ring: &mut Ring,
         region: Option<u64>,
@@ -306,9 +232,9 @@ impl<B: SendBuf> State<B> {
         // still copies, and one buffer answers that (a batch would send up to 2 MiB zero-copy
         // on a route that copies it all).
         let probe = chosen == Some(true);
-        while self.shape.merge() && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
+        while self.order.merge() && !fixed && !probe && rec.bufs.len() < self.cfg.batch {
             let next = match self.queue.front() {
-                Some((b, _)) if !zc || fixed_index(region, self.shape.merge(), b).is_none() => {
+                Some((b, _)) if !zc || fixed_index(region, self.order.merge(), b).is_none() => {
                     b.as_bytes().len()
                 }
                 _ => break,
@@ -330,9 +256,7 @@ impl<B: SendBuf> State<B> {
     /// refused it, exactly as `flush_pushes` would. `false`: the SQ refused it.
     #[inline]
     fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
-        if self.shape.ordered() {
-            self.head.take();
-        }
+        self.order.take();
         let next = Next {
             op,
             zc,
@@ -473,7 +397,7 @@ impl<B: SendBuf> State<B> {
         };
         let rec = op.payload();
         let fixed = match rec.bufs.as_slice() {
-            [one] => fixed_index(region, self.shape.merge(), one),
+            [one] => fixed_index(region, self.order.merge(), one),
             _ => None,
         };
         let len = rec.left();
@@ -494,7 +418,7 @@ impl<B: SendBuf> State<B> {
             (false, _) => SendKind::Copy,
         };
         let flags = libc::MSG_NOSIGNAL
-            | if self.shape.merge() {
+            | if self.order.merge() {
                 libc::MSG_WAITALL
             } else {
                 0
@@ -537,7 +461,7 @@ impl<B: SendBuf> State<B> {
     /// by a wait on the ring goes through here: an SQE left unsubmitted with nothing else in
     /// flight would make that wait endless. Every step runs even if one failed; the first error
     /// is returned, and what it held back is tried again at the next progress.
-    fn kick(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
+    pub(super) fn kick(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
         if self.seat.left {
             return Ok(());
         }
@@ -599,13 +523,13 @@ impl<B: SendBuf> State<B> {
         if res > 0 {
             self.stats.bytes += res as u64;
         }
-        let then = cqe::after_first(req, res, self.shape.merge(), self.closing);
+        let then = cqe::after_first(req, res, self.order.merge(), self.closing);
         req.first = Some((res, then));
         match then {
             Then::Budget => self.stats.enobufs += 1,
-            Then::Done if self.shape.ordered() => self.head.went(),
+            Then::Done => self.order.went(),
             // After a failed stream send nothing more may go out.
-            Then::Fail(errno) if self.shape.ordered() => self.break_stream(errno, out),
+            Then::Fail(errno) if O::ORDERED => self.break_stream(errno, out),
             _ => {}
         }
     }
@@ -620,7 +544,7 @@ impl<B: SendBuf> State<B> {
         let (res, then) = cqe::at_last(req.first, self.closing);
         let rec = op.payload_mut();
         rec.kernel_copied |= req.copied;
-        rec.sent = cqe::sent_after(rec.sent, rec.total, res, self.shape.merge());
+        rec.sent = cqe::sent_after(rec.sent, rec.total, res, self.order.merge());
         let mut next = Next {
             op,
             zc: req.zc,
@@ -675,7 +599,7 @@ impl<B: SendBuf> State<B> {
     /// After a failed stream send nothing more may go out (it would leave a gap): every queued
     /// buffer comes back with the error.
     fn break_stream(&mut self, errno: i32, out: &mut Vec<Released<B>>) {
-        self.head.break_with(errno);
+        self.order.break_with(errno);
         while let Some((buf, dest)) = self.queue.pop_front() {
             self.held -= 1;
             let mut rec = Record::new(buf, dest, None);
@@ -688,7 +612,7 @@ impl<B: SendBuf> State<B> {
     /// (`IORING_OP_ASYNC_CANCEL` after them in the SQ, so they are submitted first) and submits
     /// until the SQ is empty. If that fails, an SQE may still name the descriptor: it is leaked,
     /// never closed. A cancel that finds no room is tried again once the SQ drained.
-    fn withdraw(&mut self, ring: &mut Ring) {
+    pub(super) fn withdraw(&mut self, ring: &mut Ring) {
         let (owner, fd) = (self.seat.owner, self.seat.raw_fd());
         let mut cancel = self.in_ring > 0;
         for _ in 0..2 {
@@ -706,7 +630,7 @@ impl<B: SendBuf> State<B> {
     }
 
     /// See [`Engine::shutdown`]: returns how many buffers the ring keeps.
-    fn shutdown(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> usize {
+    pub(super) fn shutdown(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> usize {
         if self.seat.left {
             return 0;
         }
@@ -740,309 +664,5 @@ impl<B: SendBuf> State<B> {
         self.in_ring = 0;
         self.held = 0;
         kept
-    }
-}
-
-impl<B> Drop for UringEngine<B> {
-    fn drop(&mut self) {
-        if !self.st.seat.left {
-            self.ring.get().leave(self.st.seat.owner);
-        }
-        if self.st.seat.leak_fd {
-            // An SQE that names this number may still be in the SQ: never let the number be
-            // reused.
-            std::mem::forget(self.st.seat.fd.take());
-        }
-        // Records still in the kernel's hands are freed after their last CQE, never before.
-        self.ring.release();
-    }
-}
-
-impl<B: SendBuf> Engine<B> for UringEngine<B> {
-    fn try_send(
-        &mut self,
-        _sock: &Socket,
-        buf: B,
-        dest: Option<SockAddr>,
-        out: &mut Vec<Released<B>>,
-    ) -> Result<(), SendError<B>> {
-        let (mut ring, st) = self.split();
-        if let Some(errno) = st.head.broken() {
-            return Err(SendError::Io {
-                buf,
-                error: io::Error::from_raw_os_error(errno),
-            });
-        }
-        if st.queue.len() >= st.cfg.queue_limit {
-            if let Err(error) = st.kick(&mut ring, out) {
-                return Err(SendError::Io { buf, error });
-            }
-            if st.queue.len() >= st.cfg.queue_limit {
-                st.stats.would_block += 1;
-                return Err(SendError::WouldBlock(buf));
-            }
-        }
-        st.held += 1;
-        st.stats.sends += 1;
-        let dest = dest.map(Box::new);
-        let res = if st.queue.is_empty() && st.auto.is_none() && st.may_issue(&ring) {
-            // Nothing queued before it: form its request at once, as `issue` would after
-            // queueing it (no trip through the queue).
-            let region = st.fixed_region(&ring);
-            let (zc, merge) = (st.zc, st.shape.merge());
-            let fixed = zc && fixed_index(region, merge, &buf).is_some();
-            st.form(&mut ring, region, (buf, dest), zc, fixed, None, None)
-                .map(drop)
-        } else {
-            st.queue.push_back((buf, dest));
-            st.issue(&mut ring, out)
-        };
-        let res = res.and_then(|()| ring.submit_if_due(st.eager()));
-        // The buffer is queued either way; the next progress enters again and reports a failure.
-        if res.is_err() {
-            st.due.owe();
-        }
-        Ok(())
-    }
-
-    /// On a byte stream the whole batch enters the queue first (up to the queue's limit), so the
-    /// first request or write carries up to `batch` buffers, not the first buffer alone; other
-    /// sockets take the buffers one by one ([`try_send`](Engine::try_send)).
-    fn try_send_batch(
-        &mut self,
-        sock: &Socket,
-        bufs: &mut VecDeque<B>,
-        out: &mut Vec<Released<B>>,
-    ) -> Result<usize, SendError<B>> {
-        if !self.st.shape.merge() {
-            return send_each(bufs, |buf| self.try_send(sock, buf, None, out));
-        }
-        let (mut ring, st) = self.split();
-        let mut accepted = 0;
-        let mut failed = None;
-        loop {
-            // `send_front` refuses an empty buffer; a broken stream refuses the rest, and a full
-            // queue hands the buffer back.
-            let queued = send_front(bufs, |buf| {
-                if let Some(errno) = st.head.broken() {
-                    let error = io::Error::from_raw_os_error(errno);
-                    return Err(SendError::Io { buf, error });
-                }
-                if st.queue.len() >= st.cfg.queue_limit {
-                    return Err(SendError::WouldBlock(buf));
-                }
-                st.held += 1;
-                st.stats.sends += 1;
-                st.queue.push_back((buf, None));
-                Ok(())
-            });
-            match queued {
-                Ok(true) => accepted += 1,
-                Ok(false) if bufs.is_empty() => break,
-                Ok(false) => {
-                    // The queue is full: reap and issue, and take more if that made room.
-                    if let Err(error) = st.kick(&mut ring, out) {
-                        st.due.owe();
-                        let buf = bufs.pop_front().expect("handed back");
-                        failed = Some(SendError::Io { buf, error });
-                        break;
-                    }
-                    if st.queue.len() >= st.cfg.queue_limit {
-                        st.stats.would_block += 1;
-                        break;
-                    }
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        // What was queued goes now, as after `try_send`; a failure is the next progress's.
-        if st
-            .issue(&mut ring, out)
-            .and_then(|()| ring.submit_if_due(st.eager()))
-            .is_err()
-        {
-            st.due.owe();
-        }
-        match failed {
-            Some(e) => Err(e),
-            None => Ok(accepted),
-        }
-    }
-
-    fn progress(&mut self, _sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
-        let (mut ring, st) = self.split();
-        st.kick(&mut ring, out)
-    }
-
-    fn held(&self) -> usize {
-        self.st.held
-    }
-
-    fn readiness(&mut self, _sock: &Socket, _retry: bool) -> Readiness {
-        // Whoever waits next must not leave requests unsubmitted: they could be waiting behind
-        // another socket's request that never completes.
-        let (mut ring, st) = self.split();
-        let failed = ring.submit().is_err();
-        let fd = ring.fd();
-        drop(ring);
-        if failed || st.due.is_owed() {
-            // Something could not be submitted or pushed: the next progress must try again (and
-            // report a failure), so the wait must end at once. A ring's fd is writable while its
-            // SQ has room, which a failed submit leaves as it was.
-            st.due.owe();
-            return Readiness {
-                fd,
-                events: libc::POLLIN | libc::POLLOUT,
-            };
-        }
-        Readiness {
-            fd,
-            events: libc::POLLIN,
-        }
-    }
-
-    fn batch(&mut self, open: bool) {
-        let (mut ring, st) = self.split();
-        st.batching = open;
-        // The batch's end: what it left in the SQ is entered now, even with a full batch before
-        // it still in flight (no-op with the SQ empty); buffers waiting in `queue` for room go at
-        // the next progress, as after `try_send`. A failure is the next progress's to report.
-        if !open && !st.seat.left && ring.submit().is_err() {
-            st.due.owe();
-        }
-    }
-
-    fn wait_slice(&self) -> Option<Duration> {
-        if self.st.due.is_owed() {
-            // Not even a full SQ may make the wait on POLLOUT endless.
-            return Some(Duration::ZERO);
-        }
-        // Another sender on a shared ring may reap our completions into our inbox without the
-        // ring's fd ever waking us: look again soon.
-        self.ring.is_shared().then_some(SHARED_WAIT_SLICE)
-    }
-
-    fn stats(&self) -> Stats {
-        let mut s = self.st.stats;
-        if let Some(auto) = &self.st.auto {
-            auto.counts().add_to(&mut s);
-        }
-        s
-    }
-
-    fn auto_policy(&self) -> Option<&AutoPolicy> {
-        self.st.auto.as_ref()
-    }
-
-    #[cfg(feature = "tokio")]
-    fn shared_ring(&self) -> Option<(UringShared, u16)> {
-        let ring = self.ring.shared_handle().filter(|_| !self.st.seat.left)?;
-        Some((ring, self.st.seat.owner))
-    }
-
-    fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
-        if !self.st.zc {
-            return Err(Error::Unsupported {
-                feature: Feature::RegisteredBuffers(EngineKind::Uring),
-                reason: "plain io_uring sends copy anyway; use uring-zc to send from registered \
-                         memory"
-                    .into(),
-            });
-        }
-        self.ring.shared().register(pool)
-    }
-
-    fn shutdown(&mut self, out: &mut Vec<Released<B>>) -> usize {
-        let (mut ring, st) = self.split();
-        st.shutdown(&mut ring, out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::collections::VecDeque;
-    use std::io::Read;
-    use std::net::{TcpListener, TcpStream};
-
-    use crate::config::SenderConfig;
-    use crate::factory;
-    use crate::socket::{SockKind, Socket};
-
-    /// `auto` copies small buffers over loopback. With nothing of the stream in the kernel's
-    /// hands, a batch of them goes in gathered `sendmsg(2)` calls, released before the call
-    /// returns, not as io_uring requests released only when a later progress reaps their CQEs.
-    /// Every byte arrives in order.
-    #[test]
-    fn auto_writes_a_batch_of_small_copies_at_once() {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut server, _) = listener.accept().unwrap();
-        // Room for the whole batch, so no write is cut (a cut buffer's rest goes as a request).
-        socket2::SockRef::from(&client)
-            .set_send_buffer_size(4 << 20)
-            .unwrap();
-        let sock = Socket::new(client.into()).unwrap();
-        let built = factory::build::<Vec<u8>>(&sock, &SenderConfig::default()).unwrap();
-        if !zerotx_testbed::require(
-            built.path == "io_uring",
-            &format!("auto chose {}: {:?}", built.path, built.notes),
-        ) {
-            return;
-        }
-        let mut engine = built.engine;
-        let sizes: Vec<usize> = (0..64).map(|i| 1000 + 37 * i).collect();
-        let mut bufs: VecDeque<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| vec![i as u8; n])
-            .collect();
-        let mut out = Vec::new();
-        engine.batch(true);
-        let accepted = engine.try_send_batch(&sock, &mut bufs, &mut out).unwrap();
-        engine.batch(false);
-        assert_eq!(accepted, 64);
-        let stats = engine.stats();
-        assert_eq!(out.len(), 64, "released before any progress: {stats:?}");
-        assert_eq!(stats.syscalls, 2, "32 buffers per call: {stats:?}");
-        assert_eq!(engine.held(), 0);
-        for (r, &n) in out.iter().zip(&sizes) {
-            assert!(
-                r.report.error.is_none() && r.report.bytes == n,
-                "{:?}",
-                r.report
-            );
-        }
-        let mut got = vec![0u8; sizes.iter().sum()];
-        server.read_exact(&mut got).unwrap();
-        let mut at = 0;
-        for (i, &n) in sizes.iter().enumerate() {
-            assert!(got[at..at + n].iter().all(|&b| b == i as u8), "buffer {i}");
-            at += n;
-        }
-    }
-
-    /// SCTP cannot be loaded on the test machine (no `sctp` module): check the classification the
-    /// engine orders and batches by. Every connection keeps one request in flight; only byte
-    /// streams put several buffers into one request (on SCTP that would merge messages).
-    #[test]
-    fn only_byte_streams_merge_and_every_connection_has_one_request() {
-        let kind = SockKind::from_raw;
-        let tcp = kind(libc::AF_INET, libc::SOCK_STREAM, libc::IPPROTO_TCP);
-        let unix = kind(libc::AF_UNIX, libc::SOCK_STREAM, 0);
-        let sctp = kind(libc::AF_INET6, libc::SOCK_STREAM, libc::IPPROTO_SCTP);
-        let sctp_many = kind(libc::AF_INET, libc::SOCK_SEQPACKET, libc::IPPROTO_SCTP);
-        let seqpacket = kind(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0);
-        let udp = kind(libc::AF_INET, libc::SOCK_DGRAM, libc::IPPROTO_UDP);
-        for k in [tcp, unix, sctp, sctp_many, seqpacket] {
-            assert!(k.is_ordered(), "{k:?}");
-        }
-        assert!(!udp.is_ordered());
-        assert!(tcp.is_byte_stream() && unix.is_byte_stream());
-        for k in [sctp, sctp_many, seqpacket, udp] {
-            assert!(!k.is_byte_stream(), "{k:?}");
-        }
     }
 }

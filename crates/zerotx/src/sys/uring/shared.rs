@@ -1,20 +1,17 @@
-//! The ring behind the uring engines, private to one sender or shared by several
-//! ([`UringShared`]) so one `io_uring_enter` submits requests for many sockets. The ring itself
-//! (owners, inboxes, submission, the memory of requests in flight) is [`sys::uring::Ring`]; this
-//! module adds the settings every sender on it uses, the lock (taken only on a shared ring:
-//! [`RingRef`]), and the public handle.
-//!
-//! [`sys::uring::Ring`]: crate::sys::uring::Ring
+//! A ring with the settings of every sender on it ([`SharedRing`]), private to one sender or
+//! shared by several through the public handle [`UringShared`], so one `io_uring_enter` submits
+//! requests for many sockets. The ring itself (owners, inboxes, submission, the memory of
+//! requests in flight) is [`Ring`]; this module adds the settings, the lock and the handle. The
+//! engine's own handle on its ring (locked only when shared) is the engine's.
 
-use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::buf::BufPool;
 use crate::error::Error;
-use crate::sys::uring::{JoinRefused, Ring, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
 use super::config::UringConfig;
+use super::{JoinRefused, Ring, MAX_CQ_ENTRIES, MAX_REGISTERED};
 
 /// A ring and the settings of every sender on it.
 pub(crate) struct SharedRing {
@@ -50,17 +47,15 @@ impl SharedRing {
             ..cfg
         };
         let ring =
-            crate::sys::uring::new_ring(cfg.entries, cfg.batch, senders).map_err(|source| {
-                Error::Io {
-            context: match source.raw_os_error() {
-                Some(libc::ENOMEM) => {
-                    "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
+            super::new_ring(cfg.entries, cfg.batch, senders).map_err(|source| Error::Io {
+                context: match source.raw_os_error() {
+                    Some(libc::ENOMEM) => {
+                        "io_uring_setup: the ring's memory counts against RLIMIT_MEMLOCK without \
                      CAP_IPC_LOCK; raise the limit or lower UringConfig::entries"
-                }
-                _ => "io_uring_setup",
-            },
-            source,
-        }
+                    }
+                    _ => "io_uring_setup",
+                },
+                source,
             })?;
         Ok(Self {
             cfg,
@@ -75,12 +70,12 @@ impl SharedRing {
     }
 
     /// The ring of an owner that holds it alone: no lock taken.
-    fn get_mut(&mut self) -> &mut Ring {
+    pub(crate) fn get_mut(&mut self) -> &mut Ring {
         self.ring.get_mut().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The ring itself, for the last owner that leaves it.
-    fn into_ring(self) -> Ring {
+    pub(crate) fn into_ring(self) -> Ring {
         self.ring.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -135,126 +130,6 @@ impl SharedRing {
             context: "io_uring_register(IORING_REGISTER_BUFFERS)",
             source,
         })
-    }
-}
-
-/// The ring a sender sends on: its own, or one shared through a [`UringShared`].
-///
-/// A sender's own ring is never locked: the engine reaches it per send and per reap, and an
-/// uncontended `Mutex` still costs two atomic read-modify-writes per lock (docs/fast-path.md).
-pub(crate) enum RingRef {
-    /// The sender's own ring, reached through `&mut` only.
-    Own(Box<SharedRing>),
-    /// A ring other senders may use at the same time, locked per operation.
-    Shared(Arc<SharedRing>),
-    /// The sender's own ring, handed on when the sender was dropped ([`RingRef::release`]).
-    Gone,
-}
-
-/// The ring, borrowed for one operation: directly, or under the shared ring's lock. Dropping it
-/// frees the requests of departed senders whose last CQE the operation reaped, after the lock is
-/// released ([`Ring::take_departed`]).
-pub(crate) enum RingGuard<'a> {
-    Own(&'a mut Ring),
-    /// `None` only inside `drop`.
-    Locked(Option<MutexGuard<'a, Ring>>),
-}
-
-impl Deref for RingGuard<'_> {
-    type Target = Ring;
-    #[inline]
-    fn deref(&self) -> &Ring {
-        match self {
-            RingGuard::Own(r) => r,
-            RingGuard::Locked(g) => g.as_ref().expect("locked until dropped"),
-        }
-    }
-}
-
-impl DerefMut for RingGuard<'_> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut Ring {
-        match self {
-            RingGuard::Own(r) => r,
-            RingGuard::Locked(g) => g.as_mut().expect("locked until dropped"),
-        }
-    }
-}
-
-impl Drop for RingGuard<'_> {
-    fn drop(&mut self) {
-        match self {
-            RingGuard::Own(r) => {
-                if r.has_departed() {
-                    drop(r.take_departed());
-                }
-            }
-            RingGuard::Locked(g) => {
-                let Some(mut ring) = g.take() else {
-                    return;
-                };
-                let departed = ring.has_departed().then(|| ring.take_departed());
-                drop(ring);
-                // The buffers' own `Drop` (a pool's lock, user code) runs with the ring unlocked.
-                drop(departed);
-            }
-        }
-    }
-}
-
-impl RingRef {
-    /// The sender's own ring, or `shared`.
-    pub(crate) fn new(cfg: UringConfig, shared: Option<&UringShared>) -> Result<Self, Error> {
-        Ok(match shared {
-            Some(r) => RingRef::Shared(r.ring.clone()),
-            None => RingRef::Own(Box::new(SharedRing::new(cfg, false)?)),
-        })
-    }
-
-    /// The ring for one operation (locked if shared).
-    #[inline]
-    pub(crate) fn get(&mut self) -> RingGuard<'_> {
-        match self {
-            RingRef::Own(r) => RingGuard::Own(r.get_mut()),
-            RingRef::Shared(r) => RingGuard::Locked(Some(r.lock())),
-            RingRef::Gone => unreachable!("the ring goes only when its sender is dropped"),
-        }
-    }
-
-    /// The ring's settings.
-    pub(crate) fn shared(&self) -> &SharedRing {
-        match self {
-            RingRef::Own(r) => r,
-            RingRef::Shared(r) => r,
-            RingRef::Gone => unreachable!("the ring goes only when its sender is dropped"),
-        }
-    }
-
-    /// The sender that is being dropped left the ring: its own ring, if requests of it are still
-    /// in flight, is adopted until they finish (see `sys::uring::adopt`) rather than dropped, which
-    /// would leak them. A shared ring stays with its other handles.
-    pub(crate) fn release(&mut self) {
-        if let RingRef::Own(r) = self {
-            if r.get_mut().in_flight() > 0 {
-                if let RingRef::Own(r) = std::mem::replace(self, RingRef::Gone) {
-                    crate::sys::uring::adopt(r.into_ring());
-                }
-            }
-        }
-    }
-
-    /// The handle of a ring shared through a [`UringShared`].
-    #[cfg(feature = "tokio")]
-    pub(crate) fn shared_handle(&self) -> Option<UringShared> {
-        match self {
-            RingRef::Shared(r) => Some(UringShared { ring: r.clone() }),
-            RingRef::Own(_) | RingRef::Gone => None,
-        }
-    }
-
-    /// Other senders use the ring too (they may reap this sender's completions).
-    pub(crate) fn is_shared(&self) -> bool {
-        matches!(self, RingRef::Shared(r) if Arc::strong_count(r) > 1)
     }
 }
 
@@ -368,13 +243,13 @@ impl UringShared {
     /// Sets what a reap calls when it moves completions into another sender's inbox (see
     /// `Ring::on_inbox`).
     #[cfg(feature = "tokio")]
-    pub(crate) fn on_inbox(&self, hook: crate::sys::uring::InboxHook) {
+    pub(crate) fn on_inbox(&self, hook: super::InboxHook) {
         self.ring.lock().on_inbox(Some(hook));
     }
 
     /// Clears the hook [`on_inbox`](Self::on_inbox) set, unless another was set since.
     #[cfg(feature = "tokio")]
-    pub(crate) fn clear_on_inbox(&self, hook: &crate::sys::uring::InboxHook) {
+    pub(crate) fn clear_on_inbox(&self, hook: &super::InboxHook) {
         self.ring.lock().clear_on_inbox(hook);
     }
 

@@ -1,0 +1,63 @@
+//! [`UringDatagram`]: the io_uring engine on a datagram socket (UDP). Many requests in flight,
+//! one per buffer ([`Unordered`]); a failed datagram is that datagram's error alone. The socket
+//! is named by a registered file slot where the ring has one. The rest is the shared
+//! [`UringCore`].
+
+use std::collections::VecDeque;
+
+use socket2::SockAddr;
+
+use super::core::{answered_by_uring_core, UringCore};
+use super::state::Unordered;
+use crate::buf::SendBuf;
+use crate::engine::policy::auto::AutoPolicy;
+use crate::engine::{send_each, Engine};
+use crate::error::{Error, SendError};
+use crate::report::Released;
+use crate::socket::Socket;
+use crate::sys::uring::{UringConfig, UringShared};
+
+/// The io_uring engine on a datagram socket. Invariant: each buffer is one request, which nothing
+/// orders against the others.
+pub(crate) struct UringDatagram<B> {
+    core: UringCore<B, Unordered>,
+}
+
+impl<B: SendBuf> UringDatagram<B> {
+    /// The engine on the datagram socket `sock` (see [`UringCore::open`]).
+    pub(crate) fn new(
+        sock: &Socket,
+        zc: bool,
+        cfg: UringConfig,
+        shared: Option<&UringShared>,
+        auto: Option<AutoPolicy>,
+    ) -> Result<Self, Error> {
+        Ok(Self {
+            core: UringCore::open(sock, zc, cfg, shared, auto, Unordered)?,
+        })
+    }
+}
+
+impl<B: SendBuf> Engine<B> for UringDatagram<B> {
+    fn try_send(
+        &mut self,
+        _sock: &Socket,
+        buf: B,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        self.core.try_send(buf, dest, out)
+    }
+
+    /// One request per datagram: the buffers go one by one ([`try_send`](Engine::try_send)).
+    fn try_send_batch(
+        &mut self,
+        _sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        send_each(bufs, |buf| self.core.try_send(buf, None, out))
+    }
+
+    answered_by_uring_core!();
+}
