@@ -269,6 +269,30 @@ fn black_hole_trains_complete_zero_copy() {
     });
 }
 
+/// `auto` copies a train shorter than the length from which zero-copy trains pay (measured:
+/// `examples/train_cost.rs`) and sends longer ones zero-copy.
+#[test]
+fn auto_copies_short_trains_and_zero_copies_long_ones() {
+    util::in_black_hole(1500, |bh| {
+        let cfg = SenderConfig::new(EngineKind::Auto).with_auto_uring(false);
+        let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+        for (t, count) in [4, 44, 8, 40].into_iter().enumerate() {
+            tx.send_train(train(t as u32, SEG, count, SEG), SEG as u16)
+                .unwrap();
+            tx.flush(Duration::from_secs(5)).unwrap();
+        }
+        let (released, stats) = util::finish(tx);
+        let paths: Vec<SendPath> = released.iter().map(|r| r.report.path).collect();
+        let small = SendPath::Copied(CopyReason::Small);
+        assert_eq!(
+            paths,
+            [small, SendPath::ZeroCopy, small, SendPath::ZeroCopy],
+            "{stats:?}"
+        );
+        assert_eq!(stats.zerocopy_ids, 2, "{stats:?}");
+    });
+}
+
 /// A train netfilter drops comes back with its buffer and `EPERM`, having taken its id (the
 /// kernel built the skb): the trains around it complete in step, none released early.
 #[test]
@@ -510,7 +534,7 @@ fn a_local_destination_copies_and_auto_learns_it() {
         ] {
             let mut tx = Sender::with_config(UdpSocket::bind("127.0.0.1:0").unwrap(), cfg).unwrap();
             for t in 0..64 {
-                tx.send_train_to(train(t, 1000, 16, 1000), 1000, dest)
+                tx.send_train_to(train(t, 1000, 40, 1000), 1000, dest)
                     .unwrap();
                 tx.flush(Duration::from_secs(5)).unwrap();
             }
@@ -533,7 +557,7 @@ fn a_local_destination_copies_and_auto_learns_it() {
         );
         assert_eq!(
             reader.join().unwrap(),
-            2 * 64 * 16,
+            2 * 64 * 40,
             "every datagram arrived"
         );
     })

@@ -29,7 +29,7 @@ use crate::engine::sendmsg_core::{
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::ledger::SlotId;
-use crate::report::{Readiness, Released};
+use crate::report::{CopyReason, Readiness, Released};
 use crate::socket::Socket;
 use crate::sys;
 
@@ -102,6 +102,10 @@ impl<B: SendBuf> MsgZcDatagram<B> {
         let mut rec = core.train_record(buf, segment, dest);
         let mut probe = false;
         if let Some(auto) = &mut core.settle.auto {
+            if trains::auto_copies(len) {
+                let small = Some(CopyReason::Small);
+                return core.try_send_train_copy(sock, rec, small, out);
+            }
             let load = Load {
                 sends: core.ledger.ids_in_flight(),
                 bytes: core.settle.zc_bytes,

@@ -11,6 +11,8 @@
 //!   `ENOBUFS` (no id taken) is answered as for any datagram; anything else is the buffer's
 //!   error: the kernel refused the train after building it (the segment does not fit the path
 //!   MTU, a netfilter or qdisc drop), so nothing of it went and nothing is sent twice.
+//! - [`auto_copies`]: `auto` copies a train below [`AUTO_ZEROCOPY_MIN`] bytes without asking its
+//!   per-send rules, which then decide for the larger ones (budget, a route that copies, probes).
 
 use std::collections::HashSet;
 
@@ -78,6 +80,17 @@ pub(crate) fn max_train_bytes(v6: bool) -> usize {
     } else {
         65_535 - 20 - 8
     }
+}
+
+/// The train bytes from which `auto` sends a train zero-copy. Below it a GSO copy costs less CPU
+/// per byte than the pinning and the completion of a zero-copy train; above it, less than the copy
+/// (the figures, per train length and segment size, with and without segmentation offload:
+/// `examples/train_cost.rs`, benches/HISTORY.md, "Trains").
+pub(crate) const AUTO_ZEROCOPY_MIN: usize = 32 * 1024;
+
+/// Whether `auto` copies a train of `len` bytes whatever its per-send rules say.
+pub(crate) fn auto_copies(len: usize) -> bool {
+    len < AUTO_ZEROCOPY_MIN
 }
 
 /// [`check`]'s reasons.
@@ -255,6 +268,25 @@ mod tests {
         for port in 0..(2 * SPLIT_CACHE as u16) {
             p.refused(Some(&addr(port)));
             assert!(p.by_dest.len() <= SPLIT_CACHE);
+        }
+    }
+
+    #[test]
+    fn auto_copies_short_trains() {
+        let table = [
+            // segment, datagrams, copies
+            (1472, 1, true),
+            (1472, 4, true),
+            (1472, 16, true),
+            (1472, 22, true),
+            (1472, 23, false),
+            (1472, 44, false),
+            (1200, 27, true),
+            (1200, 28, false),
+            (1200, 54, false),
+        ];
+        for (segment, count, copies) in table {
+            assert_eq!(auto_copies(segment * count), copies, "{count} x {segment}");
         }
     }
 
