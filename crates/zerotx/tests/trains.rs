@@ -83,14 +83,39 @@ fn receive_all(sock: &UdpSocket, timeout: Duration) -> Vec<Vec<u8>> {
 
 /// A UDP socket bound to `addr` with an 8 MiB receive buffer (forced past `rmem_max`, as root).
 fn receiver(addr: &str) -> UdpSocket {
-    let sock = UdpSocket::bind(addr).unwrap();
+    receiver_of(addr, libc::IPPROTO_UDP).unwrap()
+}
+
+/// As [`receiver`], of `protocol` (UDP or UDP-Lite); `None` (skipped) where the kernel has no
+/// such socket.
+fn receiver_of(addr: &str, protocol: i32) -> Option<UdpSocket> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let sock = udp_of(protocol)?;
+    sock.bind(&addr.into()).unwrap();
+    let sock: UdpSocket = sock.into();
     util::set_int_opt(
         sock.as_fd(),
         libc::SOL_SOCKET,
         libc::SO_RCVBUFFORCE,
         8 << 20,
     );
-    sock
+    Some(sock)
+}
+
+/// An IPv4 datagram socket of `protocol` (UDP or UDP-Lite), or `None` (skipped) where the
+/// kernel has none.
+fn udp_of(protocol: i32) -> Option<socket2::Socket> {
+    let proto = Some(socket2::Protocol::from(protocol));
+    match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, proto) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            require(
+                false,
+                &format!("no datagram sockets of protocol {protocol}: {e}"),
+            );
+            None
+        }
+    }
 }
 
 /// The thread's kernel id, for `ip link set ... netns`.
@@ -101,10 +126,11 @@ fn tid() -> i32 {
 
 /// A veth pair across two fresh namespaces: the sender's side `zc0` (192.0.2.1/24) and the
 /// receiver's `zc1` (192.0.2.2/24), both at `mtu`. `recv` runs in the receiver's namespace with a
-/// UDP socket bound to 192.0.2.2:9; `send` runs in the sender's once it is bound, after `prep`
+/// socket of `protocol` (UDP, UDP-Lite) bound to 192.0.2.2:9; `send` runs in the sender's once it is bound, after `prep`
 /// set up the sender's namespace. `None`: skipped.
 fn over_veth<R: Send>(
     mtu: u32,
+    protocol: i32,
     prep: impl FnOnce() -> bool + Send,
     recv: impl FnOnce(UdpSocket) -> R + Send,
     send: impl FnOnce() + Send,
@@ -131,7 +157,7 @@ fn over_veth<R: Send>(
                     moved_rx.recv().unwrap();
                     assert!(ip(&["addr", "add", "192.0.2.2/24", "dev", "zc1"]));
                     assert!(ip(&["link", "set", "zc1", "mtu", &mtu, "up"]));
-                    let sock = receiver("192.0.2.2:9");
+                    let sock = receiver_of("192.0.2.2:9", protocol).unwrap();
                     // The path carries datagrams once one probe came through: until the carrier
                     // is up, the sending device's queue drops everything without an error.
                     let probes = UdpSocket::bind("192.0.2.2:8").unwrap();
@@ -207,6 +233,7 @@ fn every_datagram_of_every_train_arrives_in_order() {
     for (name, cfg) in train_engines() {
         let result = over_veth(
             1500,
+            libc::IPPROTO_UDP,
             || true,
             |sock| receive_all(&sock, Duration::from_secs(1)),
             || {
@@ -363,6 +390,7 @@ fn qdisc_drops_with_recverr_release_nothing_early() {
         };
         let result = over_veth(
             1500,
+            libc::IPPROTO_UDP,
             tbf,
             |sock| receive_all(&sock, Duration::from_secs(2)),
             || {
@@ -474,21 +502,10 @@ fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
 fn a_path_that_cannot_checksum_a_train_gets_its_datagrams_one_by_one() {
     require!(util::is_root(), "needs root for a network namespace");
     zerotx_testbed::in_new_netns(|| {
-        let lite = socket2::Protocol::from(libc::IPPROTO_UDPLITE);
-        let rx = match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, Some(lite))
-        {
-            Ok(s) => s,
-            Err(e) => {
-                require(false, &format!("no UDP-Lite in this kernel: {e}"));
-                return;
-            }
+        let Some(rx) = receiver_of("127.0.0.1:0", libc::IPPROTO_UDPLITE) else {
+            return;
         };
-        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        rx.bind(&any.into()).unwrap();
-        let rx: UdpSocket = rx.into();
-        util::set_int_opt(rx.as_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
-        let tx_sock =
-            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, Some(lite)).unwrap();
+        let tx_sock = udp_of(libc::IPPROTO_UDPLITE).unwrap();
         tx_sock.connect(&rx.local_addr().unwrap().into()).unwrap();
         let mut tx = Sender::new(tx_sock, EngineKind::Copy).unwrap();
         for t in 0..3 {
@@ -497,9 +514,10 @@ fn a_path_that_cannot_checksum_a_train_gets_its_datagrams_one_by_one() {
         let said = tx.explain().lines.join("\n");
         let (released, stats) = util::finish(tx);
         assert_eq!(released.len(), 3);
-        assert!(released.iter().all(
-            |r| r.report.path == SendPath::Copied(CopyReason::Engine) && r.report.bytes == 9500
-        ));
+        let engine = SendPath::Copied(CopyReason::Engine);
+        assert!(released
+            .iter()
+            .all(|r| r.report.path == engine && r.report.bytes == 9500));
         assert_eq!(stats.train_splits, 1, "{stats:?}");
         assert_eq!(stats.trains, 3, "{stats:?}");
         assert_eq!(
@@ -516,6 +534,55 @@ fn a_path_that_cannot_checksum_a_train_gets_its_datagrams_one_by_one() {
         }
     })
     .unwrap();
+}
+
+/// A split train that finds the socket full part way (a slow qdisc holds its datagrams, charged
+/// to a small send buffer) keeps the rest as the sender's head: it goes before the next train,
+/// so every datagram arrives once, in order.
+#[test]
+fn a_split_train_that_fills_the_socket_finishes_first() {
+    const TRAINS: u32 = 12;
+    let tbf = || {
+        util::run_tool(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "4mbit", "burst", "8kb",
+                "limit", "1mb",
+            ],
+            None,
+        )
+    };
+    let result = over_veth(
+        1500,
+        libc::IPPROTO_UDPLITE,
+        tbf,
+        |sock| receive_all(&sock, Duration::from_secs(1)),
+        || {
+            let sock = udp_of(libc::IPPROTO_UDPLITE).unwrap();
+            sock.set_send_buffer_size(4096).unwrap();
+            let dest: SocketAddr = "192.0.2.2:9".parse().unwrap();
+            sock.connect(&dest.into()).unwrap();
+            let mut tx = Sender::new(sock, EngineKind::Copy).unwrap();
+            let mut out = Vec::new();
+            for t in 0..TRAINS {
+                tx.send_train(train(t, 1000, 10, 700), 1000).unwrap();
+                tx.reap(&mut out).unwrap();
+                for r in out.iter_mut() {
+                    r.buf.fill(0xEE);
+                }
+            }
+            let (rest, stats) = util::finish(tx);
+            assert_eq!(out.len() + rest.len(), TRAINS as usize, "{stats:?}");
+            assert_eq!(stats.train_splits, 1, "{stats:?}");
+            assert!(stats.would_block > 0, "the socket never filled: {stats:?}");
+        },
+    );
+    let Some(got) = result else { return };
+    assert_eq!(got.len(), TRAINS as usize * 10);
+    for (i, data) in got.iter().enumerate() {
+        let (t, d) = check_datagram(data, 1000, 10, 700);
+        assert_eq!((t as usize, d as usize), (i / 10, i % 10));
+    }
 }
 
 /// A train to a local socket is copied on delivery, and its report says so; `auto` learns it and
