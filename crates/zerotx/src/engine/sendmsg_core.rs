@@ -22,6 +22,7 @@ use crate::engine::policy;
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::policy::train::{self as trains, SplitPaths, Train};
 use crate::engine::record::{LatencySampler, Record};
+use crate::engine::sendmsg_train as gso;
 use crate::engine::unfragmented::Unfragmented;
 use crate::engine::{EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
@@ -127,7 +128,7 @@ impl<B: SendBuf> SendmsgCore<B> {
                 zc_bytes: 0,
             },
             splits: SplitPaths::default(),
-            train_segments: kernel_train_segments(),
+            train_segments: gso::kernel_train_segments(),
             train_v6: sock.kind.family == Family::Inet6,
         }
     }
@@ -196,7 +197,7 @@ impl<B: SendBuf> SendmsgCore<B> {
             }
             Err(error) if rec.sent == 0 => Err(SendError::Io {
                 buf: rec.take_buf(),
-                error: train_error(error),
+                error: gso::train_error(error),
             }),
             Err(error) => {
                 // Datagrams went and the rest never will: released with the error.
@@ -511,7 +512,7 @@ pub(crate) fn send_copied<B: SendBuf>(
     rec: &mut Record<B>,
 ) -> io::Result<bool> {
     if let Some(train) = rec.train {
-        return send_train_copied(stats, frag, splits, sock, rec, train);
+        return gso::send_train_copied(stats, frag, splits, sock, rec, train);
     }
     while rec.left() > 0 {
         let rest = &rec.bufs[0].as_bytes()[rec.sent..];
@@ -522,83 +523,6 @@ pub(crate) fn send_copied<B: SendBuf>(
         }
     }
     Ok(true)
-}
-
-/// [`send_copied`] of a train: one GSO call without `MSG_ZEROCOPY`; where the path refused GSO
-/// (`EIO`, [`trains::on_failure`]: nothing of the train went), the path is remembered in `splits`
-/// and the train goes one datagram per call from its first, each whole or not at all, so a full
-/// socket leaves the rest for later and no datagram goes twice.
-#[cold]
-#[inline(never)]
-fn send_train_copied<B: SendBuf>(
-    stats: &mut Stats,
-    frag: &mut Unfragmented,
-    splits: &mut SplitPaths,
-    sock: &Socket,
-    rec: &mut Record<B>,
-    mut train: Train,
-) -> io::Result<bool> {
-    if !train.split {
-        stats.syscalls += 1;
-        let bytes = rec.bufs[0].as_bytes();
-        match sys::train::send_train(sock.fd(), bytes, train.segment, rec.dest.as_deref(), 0) {
-            Ok(n) => {
-                stats.bytes += n as u64;
-                rec.sent = rec.total;
-                return Ok(true);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e)
-                if trains::on_failure(e.raw_os_error(), false) == trains::TrainFailure::Split =>
-            {
-                split_train(stats, splits, rec, &mut train);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let segment = usize::from(train.segment);
-    while rec.left() > 0 {
-        let rest = &rec.bufs[0].as_bytes()[rec.sent..];
-        let len = rest.len().min(segment);
-        match copy_call(stats, frag, sock, &rest[..len], rec.dest.as_deref()) {
-            Ok(_) => rec.sent += len,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(true)
-}
-
-/// The path of `rec`, a train, refused GSO: it goes one datagram per call, and so do later
-/// trains to the same destination (`splits`).
-pub(crate) fn split_train<B>(
-    stats: &mut Stats,
-    splits: &mut SplitPaths,
-    rec: &mut Record<B>,
-    train: &mut Train,
-) {
-    train.split = true;
-    rec.train = Some(*train);
-    splits.refused(rec.dest.as_deref());
-    stats.train_splits += 1;
-}
-
-/// The error a refused train comes back with: the kernel's, with what to do where its errno
-/// says little ([`trains::on_failure`]'s hint).
-pub(crate) fn train_error(error: io::Error) -> io::Error {
-    match trains::on_failure(error.raw_os_error(), true) {
-        trains::TrainFailure::Fail(Some(hint)) => {
-            io::Error::new(error.kind(), format!("{error}: {hint}"))
-        }
-        _ => error,
-    }
-}
-
-/// The segments one train call may carry here ([`trains::max_segments`] of this kernel), read
-/// once.
-fn kernel_train_segments() -> u16 {
-    static SEGMENTS: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    *SEGMENTS.get_or_init(|| trains::max_segments(&sys::kernel_release().unwrap_or_default()))
 }
 
 /// One `sendto` without `MSG_ZEROCOPY` ([`Unfragmented::send_copy`]: a datagram too large for

@@ -23,9 +23,8 @@ use crate::engine::policy::auto::{AutoPolicy, Choice, Load};
 use crate::engine::policy::sendmsg::IdRule;
 use crate::engine::policy::train::{self as trains, TrainFailure};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_core::{
-    answered_by_core, send_copied, split_train, train_error, SendmsgCore, Wait,
-};
+use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
+use crate::engine::sendmsg_train::{split_train, train_error};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::ledger::SlotId;
