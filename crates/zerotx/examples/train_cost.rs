@@ -9,6 +9,8 @@
 //! sudo cargo run --release -p zerotx --example train_cost [-- --soft] [-- --size 1200]
 //! ```
 //! `--soft`: `ethtool -K zc0 tx-udp-segmentation off`, the kernel segments trains in software.
+//! `--count N --engine copy|msg-zc`: sends N trains of 44 datagrams and prints nothing, a fixed
+//! amount of work for timing whole runs A/B.
 //! Runs in a network namespace of its own; sends only to 192.0.2.2 inside it.
 
 use std::process::Command;
@@ -77,6 +79,22 @@ fn run(mode: Mode, size: usize) -> (f64, f64) {
     (cpu.as_secs_f64() / gb, gb / wall.as_secs_f64())
 }
 
+/// Sends `count` trains of 44 datagrams of `size` bytes through `engine`.
+fn fixed(engine: EngineKind, size: usize, count: u64) {
+    let sock = std::net::UdpSocket::bind("192.0.2.1:0").unwrap();
+    sock.connect("192.0.2.2:9").unwrap();
+    let mut tx: Sender<Vec<u8>> = Sender::new(sock, engine).unwrap();
+    let mut spare: Vec<Vec<u8>> = (0..256).map(|_| vec![7u8; 44 * size]).collect();
+    let mut out = Vec::new();
+    for _ in 0..count {
+        let buf = spare.pop().unwrap_or_else(|| vec![7u8; 44 * size]);
+        tx.send_train(buf, size as u16).unwrap();
+        tx.reap(&mut out).unwrap();
+        spare.extend(out.drain(..).map(|r: Released<Vec<u8>>| r.buf));
+    }
+    tx.flush(Duration::from_secs(5)).unwrap();
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -105,6 +123,14 @@ fn main() {
         }
         // Until the carrier is up the queue drops without a word: let it come up.
         std::thread::sleep(Duration::from_millis(500));
+        if let Some(i) = args.iter().position(|a| a == "--count") {
+            let engine = args
+                .iter()
+                .position(|a| a == "--engine")
+                .map_or(EngineKind::Copy, |e| args[e + 1].parse().unwrap());
+            fixed(engine, size, args[i + 1].parse().unwrap());
+            return;
+        }
         let mut modes = vec![
             Mode { engine: EngineKind::Copy, train: 0 },
             Mode { engine: EngineKind::MsgZerocopy, train: 0 },

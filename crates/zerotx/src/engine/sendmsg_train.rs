@@ -6,7 +6,7 @@
 use std::io;
 
 use crate::buf::SendBuf;
-use crate::engine::policy::train::{self as trains, SplitPaths, Train};
+use crate::engine::policy::train::{self as trains, SplitPaths, Train, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::unfragmented::Unfragmented;
 use crate::report::Stats;
@@ -18,7 +18,9 @@ use crate::sys;
 /// train went), the path is remembered in `splits` and the train goes one datagram per call from
 /// its first, each whole or not at all, so a full socket leaves the rest for later and no
 /// datagram goes twice.
-#[cold]
+///
+/// Out of line (a train's branch of an inlined loop), so it fills the return stack before its
+/// own return (docs/fast-path.md, "The return-stack fill").
 #[inline(never)]
 pub(crate) fn send_train_copied<B: SendBuf>(
     stats: &mut Stats,
@@ -28,43 +30,40 @@ pub(crate) fn send_train_copied<B: SendBuf>(
     rec: &mut Record<B>,
     mut train: Train,
 ) -> io::Result<bool> {
-    if !train.split {
-        stats.syscalls += 1;
-        let bytes = rec.bufs[0].as_bytes();
-        match sys::train::send_train(sock.fd(), bytes, train.segment, rec.dest.as_deref(), 0) {
-            Ok(n) => {
-                stats.bytes += n as u64;
-                rec.sent = rec.total;
-                return Ok(true);
+    sys::fenced!('sent: {
+        if !train.split {
+            stats.syscalls += 1;
+            let bytes = rec.bufs[0].as_bytes();
+            let dest = rec.dest.as_deref();
+            match sys::train::send_train(sock.fd(), bytes, train.segment, dest, 0) {
+                Ok(n) => {
+                    stats.bytes += n as u64;
+                    rec.sent = rec.total;
+                    break 'sent Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 'sent Ok(false),
+                Err(e) if trains::on_failure(e.raw_os_error(), false) == TrainFailure::Split => {
+                    split_train(stats, splits, rec, &mut train);
+                }
+                Err(e) => break 'sent Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e)
-                if trains::on_failure(e.raw_os_error(), false) == trains::TrainFailure::Split =>
-            {
-                split_train(stats, splits, rec, &mut train);
-            }
-            Err(e) => return Err(e),
         }
-    }
-    let segment = usize::from(train.segment);
-    while rec.left() > 0 {
-        let rest = &rec.bufs[0].as_bytes()[rec.sent..];
-        let len = rest.len().min(segment);
-        match frag.send_copy(
-            sock.fd(),
-            &rest[..len],
-            rec.dest.as_deref(),
-            &mut stats.syscalls,
-        ) {
-            Ok(n) => {
-                stats.bytes += n as u64;
-                rec.sent += len;
+        let segment = usize::from(train.segment);
+        while rec.left() > 0 {
+            let rest = &rec.bufs[0].as_bytes()[rec.sent..];
+            let len = rest.len().min(segment);
+            let dest = rec.dest.as_deref();
+            match frag.send_copy(sock.fd(), &rest[..len], dest, &mut stats.syscalls) {
+                Ok(n) => {
+                    stats.bytes += n as u64;
+                    rec.sent += len;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 'sent Ok(false),
+                Err(e) => break 'sent Err(e),
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-            Err(e) => return Err(e),
         }
-    }
-    Ok(true)
+        Ok(true)
+    })
 }
 
 /// The path of `rec`, a train, refused GSO: it goes one datagram per call, and so do later

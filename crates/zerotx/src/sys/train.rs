@@ -58,6 +58,10 @@ impl SegmentCmsg {
 /// `dest` or the connected peer, non-blocking, without `SIGPIPE`, with `extra_flags`
 /// (`MSG_ZEROCOPY`). Returns the bytes the kernel took: all of them, a train goes whole or not
 /// at all.
+///
+/// Entered inline ([`sendmsg_inline`]), as [`send_to`](super::send_to) is: a per-send system call
+/// stays in the frame of the loop that makes it (docs/fast-path.md, "Inline system calls").
+#[inline]
 pub(crate) fn send_train(
     fd: BorrowedFd<'_>,
     buf: &[u8],
@@ -76,13 +80,62 @@ pub(crate) fn send_train(
     retry(|| {
         // SAFETY: `msg` points at `iov` (one slice of the live `buf`), `dest`'s address and
         // `cmsg`, all alive and unmoved until the call returns; the kernel only reads them.
-        let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, flags) };
+        let n = unsafe { sendmsg_inline(fd.as_raw_fd(), &msg, flags) };
         if n < 0 {
-            Err(io::Error::last_os_error())
+            Err(io::Error::from_raw_os_error(-n as i32))
         } else {
             Ok(n as usize)
         }
     })
+}
+
+/// `sendmsg(2)` by the `syscall` instruction in the caller's frame; returns the kernel's answer
+/// (`-errno` on failure). rustix enters `sendto` so, but has no `UDP_SEGMENT` control message,
+/// and glibc's wrapper would return into the caller's frame after the call, the return the
+/// fast path avoids.
+///
+/// # Safety
+/// `msg` must point at a valid `msghdr` whose every pointer names live memory of the lengths it
+/// gives, until the call returns.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn sendmsg_inline(fd: libc::c_int, msg: *const libc::msghdr, flags: libc::c_int) -> isize {
+    let ret: isize;
+    // SAFETY: the x86-64 Linux system-call convention: number in rax, arguments in rdi, rsi,
+    // rdx; the kernel returns in rax and clobbers rcx and r11 (declared), restores the flags
+    // from r11 and touches no stack. The memory it reads is the caller's contract above.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_sendmsg as isize => ret,
+            in("rdi") fd as isize,
+            in("rsi") msg,
+            in("rdx") flags as isize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack, preserves_flags),
+        );
+    }
+    ret
+}
+
+/// `sendmsg(2)` through libc where the inline entry is not written: the answer as
+/// [`sendmsg_inline`]'s (`-errno` on failure).
+///
+/// # Safety
+/// As the x86-64 version's.
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+unsafe fn sendmsg_inline(fd: libc::c_int, msg: *const libc::msghdr, flags: libc::c_int) -> isize {
+    // SAFETY: the caller's contract.
+    let n = unsafe { libc::sendmsg(fd, msg, flags) };
+    if n < 0 {
+        -(io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO) as isize)
+    } else {
+        n
+    }
 }
 
 #[cfg(test)]
