@@ -142,7 +142,9 @@ pub(crate) enum TrainFailure {
 /// [`TrainFailure::Fail`]'s hint for a train the kernel refused after building it.
 pub(crate) const REFUSED_AFTER_BUILD: &str =
     "the kernel refused the train: each segment plus the IP and UDP headers must fit the path \
-     MTU (a segment of at most the MTU less 28 bytes on IPv4, 48 on IPv6); send smaller segments";
+     MTU (a segment of at most the MTU less 28 bytes on IPv4, 48 on IPv6), and the whole train \
+     one GSO packet (65507 bytes to an IPv4 destination, an IPv4-mapped one on an IPv6 socket \
+     too); send smaller segments or a shorter train";
 
 /// The answer to a train call that failed with `errno`, once the engine knows whether it took a
 /// zero-copy id (`took_id`; always `false` for a copy).
