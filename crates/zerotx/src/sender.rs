@@ -14,6 +14,7 @@ use crate::addr::{Destination, VsockAddr};
 use crate::buf::BufPool;
 use crate::buf::SendBuf;
 use crate::config::SenderConfig;
+use crate::engine::policy::train::{carries_trains, NOT_DATAGRAMS};
 use crate::engine::{Engine, EMPTY_BUFFER};
 use crate::error::{Error, SendError};
 use crate::factory::{build, Built};
@@ -302,6 +303,82 @@ impl<B: SendBuf> Sender<B> {
         result
     }
 
+    /// Sends `buf` on the connected UDP socket without blocking as one train of datagrams of
+    /// `segment` bytes each (the last may be shorter): one `sendmsg(2)` with a `UDP_SEGMENT`
+    /// control message (UDP GSO, Linux 4.18), with `MSG_ZEROCOPY` for the zero-copy engine, so
+    /// one call, one completion and one pinning cover every datagram of it. It comes back once,
+    /// after the train's completion, with one [`Report`](crate::Report) for the whole train.
+    ///
+    /// The kernel's rules (docs/kernel.md, "UDP GSO trains"): at most 64 segments per train
+    /// before Linux 6.9, 128 since, and at most 65507 bytes (IPv4; 65527 on IPv6), both checked
+    /// before the call ([`SendError::Invalid`]); each segment plus the IP and UDP headers must fit
+    /// the path MTU, or the train comes back in [`SendError::Io`] (nothing of it was sent). A
+    /// path whose device or route cannot checksum a GSO packet (`EIO`) gets its trains one
+    /// datagram per call, by copy ([`Stats::train_splits`]), no datagram lost or sent twice. A
+    /// train to a local socket is copied by the kernel, as any datagram.
+    ///
+    /// `copy` and `msg-zc` send trains; the io_uring engines do not yet and refuse them
+    /// ([`SendError::Invalid`]): use `auto` with
+    /// [`SenderConfig::with_auto_uring(false)`](crate::SenderConfig::with_auto_uring) for
+    /// `auto`'s choice between zero-copy and copy per train. UDP sockets only.
+    pub fn try_send_train(&mut self, buf: B, segment: u16) -> Result<(), SendError<B>> {
+        self.submit_train(buf, segment, None)
+    }
+
+    /// As [`try_send_train`](Self::try_send_train), to `dest` (a `SocketAddr`).
+    pub fn try_send_train_to(
+        &mut self,
+        buf: B,
+        segment: u16,
+        dest: impl Into<Destination>,
+    ) -> Result<(), SendError<B>> {
+        self.submit_train(buf, segment, Some(dest.into().into()))
+    }
+
+    /// As [`try_send_train`](Self::try_send_train), waiting while the socket or the kernel's
+    /// zero-copy budget is full, as [`send`](Self::send) does.
+    pub fn send_train(&mut self, buf: B, segment: u16) -> Result<(), SendError<B>> {
+        self.send_blocking(buf, None, Some(segment), None)
+    }
+
+    /// As [`send_train`](Self::send_train), to `dest` (a `SocketAddr`).
+    pub fn send_train_to(
+        &mut self,
+        buf: B,
+        segment: u16,
+        dest: impl Into<Destination>,
+    ) -> Result<(), SendError<B>> {
+        self.send_blocking(buf, Some(dest.into().into()), Some(segment), None)
+    }
+
+    /// [`try_send_train`](Self::try_send_train)'s checks of the call, then the engine's.
+    fn submit_train(
+        &mut self,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+    ) -> Result<(), SendError<B>> {
+        let sock = self.sock();
+        let reason = if buf.as_bytes().is_empty() {
+            Some(EMPTY_BUFFER)
+        } else if !carries_trains(sock.kind) {
+            Some(NOT_DATAGRAMS)
+        } else if dest.is_none() && !sock.connected {
+            Some(NOT_CONNECTED)
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(SendError::Invalid { buf, reason });
+        }
+        let sock = self.sock.as_ref().expect("socket present until close");
+        let result = self
+            .engine
+            .try_send_train(sock, buf, segment, dest, &mut self.ready);
+        self.handed_back = matches!(result, Err(SendError::WouldBlock(_)));
+        result
+    }
+
     /// Without blocking: pushes queued bytes, reads completions, and appends every buffer the
     /// kernel released to `out`. Returns how many it appended. On an error, what it released
     /// before the error is in `out` all the same: look there before retrying or giving up.
@@ -415,20 +492,20 @@ impl<B: SendBuf> Sender<B> {
     /// Sends `buf` on the connected socket, waiting while the socket or the kernel's zero-copy
     /// budget is full. Released buffers wait in the sender for [`reap`](Self::reap).
     pub fn send(&mut self, buf: B) -> Result<(), SendError<B>> {
-        self.send_blocking(buf, None, None)
+        self.send_blocking(buf, None, None, None)
     }
 
     /// As [`send`](Self::send), waiting at most `timeout`: at the deadline the buffer comes back
     /// in [`SendError::WouldBlock`] (the peer is not reading, or the zero-copy budget stays
     /// full). For a loop that must stop on time or notice a stalled peer.
     pub fn send_timeout(&mut self, buf: B, timeout: Duration) -> Result<(), SendError<B>> {
-        self.send_blocking(buf, None, Some(Instant::now() + timeout))
+        self.send_blocking(buf, None, None, Some(Instant::now() + timeout))
     }
 
     /// As [`send`](Self::send), to `dest` (datagram sockets): a `SocketAddr` or a
     /// [`VsockAddr`].
     pub fn send_to(&mut self, buf: B, dest: impl Into<Destination>) -> Result<(), SendError<B>> {
-        self.send_blocking(buf, Some(dest.into().into()), None)
+        self.send_blocking(buf, Some(dest.into().into()), None, None)
     }
 
     /// Sends the buffers of `bufs` in order, front first, as [`send`](Self::send) sends each
@@ -501,10 +578,15 @@ impl<B: SendBuf> Sender<B> {
         &mut self,
         mut buf: B,
         dest: Option<SockAddr>,
+        train: Option<u16>,
         deadline: Option<Instant>,
     ) -> Result<(), SendError<B>> {
         loop {
-            match self.submit(buf, dest.clone()) {
+            let sent = match train {
+                None => self.submit(buf, dest.clone()),
+                Some(segment) => self.submit_train(buf, segment, dest.clone()),
+            };
+            match sent {
                 Err(SendError::WouldBlock(b)) => {
                     buf = b;
                     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));

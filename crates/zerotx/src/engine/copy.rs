@@ -23,7 +23,7 @@ use crate::buf::SendBuf;
 use crate::engine::policy;
 use crate::engine::policy::sendmsg::{self as rules, CopyBatch};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
+use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore, Wait};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::report::{Readiness, Released};
@@ -60,27 +60,15 @@ impl<B: SendBuf> CopyEngine<B> {
     ) -> Result<(), SendError<B>> {
         if let Some(behind) = self
             .core
-            .behind(out, |core, out| Self::push_head(core, sock, out))
+            .behind(out, |core, out| core.push_head(sock, out))
         {
             return Err(behind.refuse(buf));
         }
         self.core.try_send_copy(sock, buf, dest, None, out)
     }
 
-    /// Writes what the kernel has room for of the stream's head, if it has one.
-    fn push_head(core: &mut SendmsgCore<B>, sock: &Socket, out: &mut Vec<Released<B>>) {
-        let Some(slot) = core.head else { return };
-        let rec = core.ledger.item_mut(slot);
-        // Out of line (called from `send_one` and `progress`): its return comes before theirs.
-        let written = sys::fenced!(send_copied(
-            &mut core.stats,
-            &mut core.frag,
-            core.stream,
-            sock,
-            rec
-        ));
-        let written = written.map(|all| if all { Wait::Nothing } else { Wait::Writable });
-        core.head_written(slot, written, out);
+    fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
+        self.core.push_head(sock, out);
     }
 
     /// [`Engine::try_send_batch`] up to the fill that follows it: the loop for the socket.
@@ -96,9 +84,39 @@ impl<B: SendBuf> CopyEngine<B> {
     ) -> Result<usize, SendError<B>> {
         match self.batch {
             CopyBatch::Gather => self.send_gathered(sock, bufs, out),
-            CopyBatch::Datagrams => self.send_datagrams(sock, bufs, out),
-            CopyBatch::EachAlone => send_each(bufs, |buf| self.send_one(sock, buf, None, out)),
+            // A split train's rest goes first (`send_one`).
+            CopyBatch::Datagrams if self.core.head.is_none() => {
+                self.send_datagrams(sock, bufs, out)
+            }
+            CopyBatch::Datagrams | CopyBatch::EachAlone => {
+                send_each(bufs, |buf| self.send_one(sock, buf, None, out))
+            }
         }
+    }
+
+    /// A train: one GSO call by copy (see [`SendmsgCore::try_send_train_copy`]), after the rest
+    /// of a split train before it.
+    #[inline]
+    fn send_train(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        if self.core.head.is_some() {
+            self.push_head(sock, out);
+            if self.core.head.is_some() {
+                self.core.stats.would_block += 1;
+                return Err(SendError::WouldBlock(buf));
+            }
+        }
+        if let Err(reason) = self.core.check_train(buf.as_bytes().len(), segment) {
+            return Err(SendError::Invalid { buf, reason });
+        }
+        let rec = self.core.train_record(buf, segment, dest);
+        self.core.try_send_train_copy(sock, rec, None, out)
     }
 
     /// A batch of datagrams: one `send` per buffer, each released as soon as its call returns.
@@ -250,6 +268,17 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         sys::fenced!(self.send_batch_now(sock, bufs, out))
     }
 
+    fn try_send_train(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        sys::fenced!(self.send_train(sock, buf, segment, dest, out))
+    }
+
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
         // The queue holds no completions here, only what keeps POLLERR up: read less often.
         self.quiet += 1;
@@ -257,7 +286,7 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
             self.quiet = 0;
             self.core.reap(sock, out);
         }
-        Self::push_head(&mut self.core, sock, out);
+        self.core.push_head(sock, out);
         Ok(())
     }
 

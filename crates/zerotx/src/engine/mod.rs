@@ -24,6 +24,7 @@ pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
 pub(crate) mod sendmsg_core;
+pub(crate) mod sendmsg_train;
 pub(crate) mod unfragmented;
 pub(crate) mod uring;
 
@@ -115,6 +116,25 @@ pub(crate) trait Engine<B: SendBuf>: Send {
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
         send_each(bufs, |buf| self.try_send(sock, buf, None, out))
+    }
+
+    /// Accepts `buf` (now or queued) as one train of `segment`-byte datagrams (UDP GSO: the
+    /// kernel cuts it, the last datagram may be shorter) to `dest` or the connected peer, or hands
+    /// it back; released once, after the train's completion. The sender checked the socket is
+    /// UDP. The io_uring engines do not send trains yet: they refuse with
+    /// [`NO_GSO_ENGINE`](policy::train::NO_GSO_ENGINE).
+    fn try_send_train(
+        &mut self,
+        _sock: &Socket,
+        buf: B,
+        _segment: u16,
+        _dest: Option<SockAddr>,
+        _out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        Err(SendError::Invalid {
+            buf,
+            reason: policy::train::NO_GSO_ENGINE,
+        })
     }
 
     /// Without blocking: pushes queued bytes, reads completions, appends released buffers.

@@ -14,6 +14,7 @@ use socket2::SockAddr;
 
 use crate::buf::SendBuf;
 use crate::engine::policy;
+use crate::engine::policy::train::Train;
 use crate::report::{CopyReason, Released, Report, SendPath, Stats};
 use crate::sys::uring::Payload;
 
@@ -43,6 +44,8 @@ pub(crate) struct Record<B> {
     pub(crate) error: Option<io::Error>,
     /// When it was accepted, for a sampled one (see [`LatencySampler`]).
     pub(crate) started: Option<Instant>,
+    /// A datagram socket's train: one buffer the kernel cuts into datagrams (UDP GSO).
+    pub(crate) train: Option<Train>,
 }
 
 impl<B: SendBuf> Record<B> {
@@ -80,6 +83,7 @@ impl<B: SendBuf> Record<B> {
             kernel_copied: false,
             error: None,
             started,
+            train: None,
         }
     }
 
@@ -119,6 +123,15 @@ impl<B: SendBuf> Record<B> {
         self.kernel_copied = false;
         self.error = None;
         self.started = started;
+        self.train = None;
+    }
+
+    /// The buffer of a one-buffer record that never entered the ledger and of which nothing
+    /// went, handed back.
+    pub(crate) fn take_buf(mut self) -> B {
+        self.bufs
+            .pop()
+            .expect("a one-buffer record holds its buffer")
     }
 
     /// Appends `buf` to a byte-stream batch (no destination).

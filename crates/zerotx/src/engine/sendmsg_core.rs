@@ -20,13 +20,16 @@ use crate::buf::SendBuf;
 use crate::engine::errqueue::ErrQueue;
 use crate::engine::policy;
 use crate::engine::policy::auto::AutoPolicy;
+use crate::engine::policy::train::{self as trains, SplitPaths, Train};
 use crate::engine::record::{LatencySampler, Record};
+use crate::engine::sendmsg_train as gso;
 use crate::engine::unfragmented::Unfragmented;
 use crate::engine::{EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
 use crate::ledger::{Done, Ledger, SlotId};
 use crate::report::{CopyReason, Readiness, Released, Stats};
-use crate::socket::Socket;
+use crate::socket::{Family, Socket};
+use crate::sys;
 
 /// What a send that did not finish waits for ([`Engine::readiness`](crate::engine::Engine::readiness)
 /// turns it into poll events).
@@ -92,6 +95,11 @@ pub(crate) struct SendmsgCore<B> {
     pub(crate) latency: LatencySampler,
     pub(crate) errq: ErrQueue,
     pub(crate) settle: Settle,
+    /// The paths that refused a train as one GSO packet: their trains go one datagram per call.
+    pub(crate) splits: SplitPaths,
+    /// The segments one train call may carry on this kernel, and the bytes.
+    train_segments: u16,
+    train_v6: bool,
 }
 
 impl<B: SendBuf> SendmsgCore<B> {
@@ -119,7 +127,104 @@ impl<B: SendBuf> SendmsgCore<B> {
                 auto,
                 zc_bytes: 0,
             },
+            splits: SplitPaths::default(),
+            train_segments: gso::kernel_train_segments(),
+            train_v6: sock.kind.family == Family::Inet6,
         }
+    }
+
+    /// Whether a train of `len` bytes in `segment`-byte datagrams may go on this socket (see
+    /// [`trains::check`]); the reason if not.
+    pub(crate) fn check_train(&self, len: usize, segment: u16) -> Result<(), &'static str> {
+        trains::check(len, segment, self.train_v6, self.train_segments)
+    }
+
+    /// The record of a train of `buf` to `dest`: one GSO call, or one datagram per call where the
+    /// path refused GSO before.
+    pub(crate) fn train_record(
+        &mut self,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+    ) -> Record<B> {
+        let started = self.latency.next();
+        let mut train = Train::new(segment);
+        train.split = self.splits.splits(dest.as_ref());
+        let mut rec = Record::new(buf, dest.map(Box::new), started);
+        rec.train = Some(train);
+        rec
+    }
+
+    /// A lone train by copy (`copy`'s every train; a zero-copy engine's train that `auto` copies,
+    /// for `reason`): one GSO call, released as it returns. A train sent one datagram per call
+    /// that found the socket full part way is the head, finished first by later calls.
+    pub(crate) fn try_send_train_copy(
+        &mut self,
+        sock: &Socket,
+        mut rec: Record<B>,
+        reason: Option<CopyReason>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        rec.copy = reason;
+        let sent = send_copied(
+            &mut self.stats,
+            &mut self.frag,
+            &mut self.splits,
+            false,
+            sock,
+            &mut rec,
+        );
+        match sent {
+            Ok(true) => {
+                self.stats.sends += 1;
+                self.stats.trains += 1;
+                self.waiting = Wait::Nothing;
+                rec.release(self.settle.zerocopy, &mut self.stats, out);
+                Ok(())
+            }
+            Ok(false) if rec.sent == 0 => {
+                self.waiting = Wait::Writable;
+                self.stats.would_block += 1;
+                Err(SendError::WouldBlock(rec.take_buf()))
+            }
+            Ok(false) => {
+                // Split, part way: the rest goes first at the next send or progress.
+                self.stats.sends += 1;
+                self.stats.trains += 1;
+                self.waiting = Wait::Writable;
+                self.head = Some(self.ledger.insert(rec));
+                Ok(())
+            }
+            Err(error) if rec.sent == 0 => Err(SendError::Io {
+                buf: rec.take_buf(),
+                error: gso::train_error(error),
+            }),
+            Err(error) => {
+                // Datagrams went and the rest never will: released with the error.
+                self.stats.sends += 1;
+                self.stats.trains += 1;
+                rec.error = Some(error);
+                rec.release(self.settle.zerocopy, &mut self.stats, out);
+                Ok(())
+            }
+        }
+    }
+
+    /// Pushes the head (a stream's rest, or a split train's remaining datagrams) by copy.
+    pub(crate) fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
+        let Some(slot) = self.head else { return };
+        let rec = self.ledger.item_mut(slot);
+        // Out of line (called from the send paths and progress): its return comes before theirs.
+        let written = sys::fenced!(send_copied(
+            &mut self.stats,
+            &mut self.frag,
+            &mut self.splits,
+            self.stream,
+            sock,
+            rec
+        ));
+        let written = written.map(|all| if all { Wait::Nothing } else { Wait::Writable });
+        self.head_written(slot, written, out);
     }
 
     /// Reads the error queue ([`ErrQueue::reap`]), releasing every record it settles; returns
@@ -298,6 +403,7 @@ impl<B: SendBuf> SendmsgCore<B> {
         let sent = crate::sys::fenced!(send_copied(
             &mut self.stats,
             &mut self.frag,
+            &mut self.splits,
             self.stream,
             sock,
             &mut rec
@@ -414,15 +520,19 @@ impl<B: SendBuf> SendmsgCore<B> {
 }
 
 /// Sends the rest of `rec` by copy until the kernel took it all (`Ok(true)`) or the socket is full
-/// (`Ok(false)`). A datagram goes whole or not at all.
+/// (`Ok(false)`). A datagram goes whole or not at all; a train as [`send_train_copied`] says.
 #[inline(always)]
 pub(crate) fn send_copied<B: SendBuf>(
     stats: &mut Stats,
     frag: &mut Unfragmented,
+    splits: &mut SplitPaths,
     stream: bool,
     sock: &Socket,
     rec: &mut Record<B>,
 ) -> io::Result<bool> {
+    if let Some(train) = rec.train {
+        return gso::send_train_copied(stats, frag, splits, sock, rec, train);
+    }
     while rec.left() > 0 {
         let rest = &rec.bufs[0].as_bytes()[rec.sent..];
         match copy_call(stats, frag, sock, rest, rec.dest.as_deref()) {

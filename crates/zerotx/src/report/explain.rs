@@ -172,6 +172,7 @@ pub(crate) fn explain(
     if let Some(line) = released_line(stats) {
         lines.push(line);
     }
+    lines.extend(trains_line(stats));
     Explanation {
         engine,
         path,
@@ -252,6 +253,21 @@ fn released_line(stats: &Stats) -> Option<String> {
             stats.fallbacks,
             stats.engine_copied
         )
+    })
+}
+
+/// How trains (UDP GSO) went, if any was sent.
+fn trains_line(stats: &Stats) -> Option<String> {
+    (stats.trains > 0).then(|| {
+        let mut line = format!("{} trains of datagrams sent as UDP GSO", stats.trains);
+        if stats.train_splits > 0 {
+            line += &format!(
+                "; {} destination(s) refused a train as one GSO packet (EIO: the device or the \
+                 route cannot checksum it), so their trains go one datagram per call, by copy",
+                stats.train_splits
+            );
+        }
+        line
     })
 }
 

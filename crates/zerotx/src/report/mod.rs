@@ -123,6 +123,13 @@ pub struct Stats {
     pub errqueue_reads: u64,
     /// Buffers released with an error after part of them was sent.
     pub errors: u64,
+    /// Trains accepted ([`Sender::send_train`](crate::Sender::send_train)): buffers sent as UDP
+    /// GSO trains of datagrams.
+    pub trains: u64,
+    /// Trains whose path refused them as one GSO packet (`EIO`: a device or route that cannot
+    /// checksum one), sent one datagram per call by copy instead; later trains to that path go so
+    /// at once, and are not counted again.
+    pub train_splits: u64,
     /// `MSG_ZEROCOPY` ids the kernel took for this sender's calls (as the sender learned them;
     /// a short vsock call counts one).
     pub zerocopy_ids: u64,

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use socket2::SockAddr;
 
+pub(crate) mod train;
 pub(crate) mod uring;
 
 /// `SO_ZEROCOPY` (asm-generic/socket.h); libc has it, spelled here so the number is visible.

@@ -74,6 +74,24 @@ fn insert<B: SendBuf>(
         }
         None => core.ledger.insert(Record::new(buf, dest, started)),
     };
+    charge(core, slot, probe);
+    slot
+}
+
+/// Puts `rec` (a train) in the ledger, charged to `auto`'s load as [`insert`] does.
+pub(crate) fn insert_record<B: SendBuf>(
+    core: &mut SendmsgCore<B>,
+    rec: Record<B>,
+    probe: bool,
+) -> SlotId {
+    let slot = core.ledger.insert(rec);
+    charge(core, slot, probe);
+    slot
+}
+
+/// Charges `slot` to `auto`'s load, when `auto` chose zero-copy for it.
+#[inline]
+fn charge<B: SendBuf>(core: &mut SendmsgCore<B>, slot: SlotId, probe: bool) {
     if core.settle.auto.is_some() {
         let rec = core.ledger.item_mut(slot);
         rec.auto_zc = true;
@@ -81,7 +99,6 @@ fn insert<B: SendBuf>(
         rec.charge = rec.total;
         core.settle.zc_bytes += rec.total;
     }
-    slot
 }
 
 /// Sends from the record's offset until it is fully queued or the socket pushes back: zero-copy
@@ -112,7 +129,14 @@ pub(crate) fn write<B: SendBuf>(
         }
         if next != ZcNext::ZeroCopy {
             let rec = core.ledger.item_mut(slot);
-            let all = send_copied(&mut core.stats, &mut core.frag, core.stream, sock, rec)?;
+            let all = send_copied(
+                &mut core.stats,
+                &mut core.frag,
+                &mut core.splits,
+                core.stream,
+                sock,
+                rec,
+            )?;
             return Ok(if all { Wait::Nothing } else { Wait::Writable });
         }
         let rec = core.ledger.item(slot);
@@ -197,7 +221,7 @@ pub(crate) fn refused<B: SendBuf>(
 
 /// The zero-copy budget refused `slot` (`reaped` owned ids completed since): `auto` at its cap
 /// copies; otherwise read completions, then retry, wait or copy (a fallback).
-fn on_budget<B: SendBuf>(
+pub(crate) fn on_budget<B: SendBuf>(
     core: &mut SendmsgCore<B>,
     sock: &Socket,
     slot: SlotId,
@@ -230,7 +254,7 @@ fn on_budget<B: SendBuf>(
 /// After a zero-copy datagram send failed: did it take an id? The stack frees the skb of a
 /// failed send before the call returns, so its completion, if any, is already queued. Returns
 /// the answer and how many owned ids the error-queue read completed.
-fn learn_failed_id<B: SendBuf>(
+pub(crate) fn learn_failed_id<B: SendBuf>(
     core: &mut SendmsgCore<B>,
     sock: &Socket,
     out: &mut Vec<Released<B>>,

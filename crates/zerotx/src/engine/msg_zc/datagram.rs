@@ -3,7 +3,12 @@
 //! id its call took until that id completes. A failed call may have taken an id
 //! ([`IdRule::Datagram`]), and a datagram too large for its path goes by copy
 //! ([`Unfragmented`](crate::engine::unfragmented::Unfragmented)); a datagram goes whole or not at
-//! all, so there is no head and no broken stream.
+//! all, so there is no broken stream.
+//!
+//! A train (UDP GSO, [`policy::train`](crate::engine::policy::train)) is one record under one id
+//! too: one `sendmsg` with a `UDP_SEGMENT` control message and `MSG_ZEROCOPY`, its failures read
+//! under the same id rule. A train whose path refused GSO goes one datagram per call by copy;
+//! one that found the socket full part way is the engine's one head, sent before anything else.
 
 use std::collections::VecDeque;
 use std::io;
@@ -14,20 +19,24 @@ use socket2::SockAddr;
 use crate::buf::SendBuf;
 use crate::engine::clock::EpochClock;
 use crate::engine::msg_zc::common;
-use crate::engine::policy::auto::AutoPolicy;
+use crate::engine::policy::auto::{AutoPolicy, Choice, Load};
 use crate::engine::policy::sendmsg::IdRule;
+use crate::engine::policy::train::{self as trains, TrainFailure};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore, Wait};
+use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
+use crate::engine::sendmsg_train::{split_train, train_error};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
-use crate::report::{Readiness, Released};
+use crate::ledger::SlotId;
+use crate::report::{CopyReason, Readiness, Released};
 use crate::socket::Socket;
 use crate::sys;
 
 const RULE: IdRule = IdRule::Datagram;
 
-/// `msg-zc` on datagrams. Invariant: no head, never broken; every record holds its buffer until
-/// the one id its call took completed (or, sent by copy, until its call returned).
+/// `msg-zc` on datagrams. Invariant: never broken; a head only as a split train's rest; every
+/// record holds its buffer until the one id its call took completed (or, sent by copy, until its
+/// last call returned).
 pub(crate) struct MsgZcDatagram<B> {
     core: SendmsgCore<B>,
     clock: EpochClock,
@@ -51,9 +60,76 @@ impl<B: SendBuf> MsgZcDatagram<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        debug_assert!(self.core.head.is_none() && self.core.broken.is_none());
+        debug_assert!(self.core.broken.is_none());
+        if self.core.head.is_some() && !self.head_pushed(sock, out) {
+            return Err(SendError::WouldBlock(buf));
+        }
         let core = &mut self.core;
         common::send_one(core, &mut self.clock, RULE, sock, buf, dest, out)
+    }
+
+    /// Pushes a split train's rest; whether it is all gone (else the caller's send waits).
+    #[cold]
+    #[inline(never)]
+    fn head_pushed(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> bool {
+        self.core.push_head(sock, out);
+        if self.core.head.is_some() {
+            self.core.stats.would_block += 1;
+            return false;
+        }
+        true
+    }
+
+    /// A train of `buf` in `segment`-byte datagrams: `auto`'s choice for the train's bytes, then
+    /// one zero-copy GSO call ([`write_train`](Self::write_train)), or by copy.
+    fn send_train(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        if self.core.head.is_some() && !self.head_pushed(sock, out) {
+            return Err(SendError::WouldBlock(buf));
+        }
+        let len = buf.as_bytes().len();
+        if let Err(reason) = self.core.check_train(len, segment) {
+            return Err(SendError::Invalid { buf, reason });
+        }
+        let core = &mut self.core;
+        let mut rec = core.train_record(buf, segment, dest);
+        let mut probe = false;
+        if let Some(auto) = &mut core.settle.auto {
+            if trains::auto_copies(len) {
+                let small = Some(CopyReason::Small);
+                return core.try_send_train_copy(sock, rec, small, out);
+            }
+            let load = Load {
+                sends: core.ledger.ids_in_flight(),
+                bytes: core.settle.zc_bytes,
+            };
+            let choice = auto.choose(len, false, load);
+            self.clock.tick(auto);
+            match choice {
+                Choice::Copy(reason) => {
+                    return core.try_send_train_copy(sock, rec, Some(reason), out)
+                }
+                Choice::Wait => {
+                    core.waiting = Wait::Completions;
+                    core.stats.would_block += 1;
+                    return Err(SendError::WouldBlock(rec.take_buf()));
+                }
+                Choice::ZeroCopy { probe: p } => probe = p,
+            }
+        }
+        // A path that refused GSO before: the kernel's copy, which tells `auto` nothing.
+        let split = rec.train.is_some_and(|t| t.split);
+        rec.kernel_copied = split;
+        let slot = common::insert_record(core, rec, probe && !split);
+        core.ledger.item_mut(slot).auto_zc &= !split;
+        let result = write_train(core, sock, slot, out);
+        common::finish_send(core, slot, result, out).map(|()| core.stats.trains += 1)
     }
 
     /// A batch without `auto`: one `send(MSG_ZEROCOPY)` per buffer, the record made after the
@@ -178,6 +254,73 @@ impl<B: SendBuf> MsgZcDatagram<B> {
     }
 }
 
+/// Sends the train in `slot` until it is queued whole or the socket pushes back: one zero-copy
+/// GSO call, or by copy once the record says so (a fallback, a split path). A failed zero-copy
+/// call is read under [`IdRule::Datagram`] (did it take an id?) and answered by
+/// [`trains::on_failure`].
+fn write_train<B: SendBuf>(
+    core: &mut SendmsgCore<B>,
+    sock: &Socket,
+    slot: SlotId,
+    out: &mut Vec<Released<B>>,
+) -> io::Result<Wait> {
+    loop {
+        let rec = core.ledger.item_mut(slot);
+        let mut train = rec.train.expect("a train's record");
+        if rec.copy.is_some() || train.split {
+            let all = send_copied(
+                &mut core.stats,
+                &mut core.frag,
+                &mut core.splits,
+                false,
+                sock,
+                rec,
+            )
+            .map_err(train_error)?;
+            return Ok(if all { Wait::Nothing } else { Wait::Writable });
+        }
+        core.stats.syscalls += 1;
+        let bytes = rec.bufs[0].as_bytes();
+        let sent = sys::train::send_train(
+            sock.fd(),
+            bytes,
+            train.segment,
+            rec.dest.as_deref(),
+            sys::MSG_ZEROCOPY,
+        );
+        let error = match sent {
+            Ok(n) => {
+                core.ledger.record_id(slot);
+                core.stats.zerocopy_ids += 1;
+                core.stats.bytes += n as u64;
+                if let Some(auto) = &mut core.settle.auto {
+                    auto.on_accepted();
+                }
+                let rec = core.ledger.item_mut(slot);
+                rec.sent = rec.total;
+                return Ok(Wait::Nothing);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
+            Err(e) => e,
+        };
+        let (took_id, reaped) = common::learn_failed_id(core, sock, out);
+        match trains::on_failure(error.raw_os_error(), took_id) {
+            TrainFailure::Budget => {
+                if let Some(wait) = common::on_budget(core, sock, slot, reaped, out) {
+                    return Ok(wait);
+                }
+            }
+            TrainFailure::Split => {
+                let rec = core.ledger.item_mut(slot);
+                split_train(&mut core.stats, &mut core.splits, rec, &mut train);
+                rec.kernel_copied = true;
+                rec.auto_zc = false;
+            }
+            TrainFailure::Fail(_) => return Err(train_error(error)),
+        }
+    }
+}
+
 impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
     fn try_send(
         &mut self,
@@ -195,15 +338,29 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        sys::fenced!(if self.core.settle.auto.is_none() {
-            self.send_plain(sock, bufs, out)
-        } else {
-            send_each(bufs, |buf| self.send_one(sock, buf, None, out))
-        })
+        sys::fenced!(
+            if self.core.settle.auto.is_none() && self.core.head.is_none() {
+                self.send_plain(sock, bufs, out)
+            } else {
+                send_each(bufs, |buf| self.send_one(sock, buf, None, out))
+            }
+        )
+    }
+
+    fn try_send_train(
+        &mut self,
+        sock: &Socket,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        sys::fenced!(self.send_train(sock, buf, segment, dest, out))
     }
 
     fn progress(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) -> io::Result<()> {
         self.core.reap_completions(sock, out);
+        self.core.push_head(sock, out);
         Ok(())
     }
 

@@ -18,6 +18,7 @@
 
 pub(crate) mod auto;
 pub(crate) mod sendmsg;
+pub(crate) mod train;
 
 use crate::report::{CopyReason, SendPath};
 

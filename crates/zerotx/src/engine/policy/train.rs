@@ -1,0 +1,301 @@
+//! Trains, pure: what a train of datagrams (one buffer cut by the kernel into `segment`-byte
+//! datagrams, UDP GSO) may be, what a refused train becomes, and which paths send a train one
+//! datagram per call. The kernel's rules behind them: docs/kernel.md, "UDP GSO trains".
+//!
+//! - [`check`]: refused before any call (the buffer handed back with a reason): a segment of 0,
+//!   more segments than the kernel takes in one call ([`max_segments`]), more bytes than one
+//!   GSO packet carries ([`max_train_bytes`]).
+//! - [`on_failure`]: a train call that failed. `EIO` (the device or the route cannot checksum
+//!   a GSO packet, as before 6.11 without checksum offload, or an IPsec route) sends the train
+//!   one datagram per call, by copy, and the path is remembered ([`SplitPaths`]); the budget's
+//!   `ENOBUFS` (no id taken) is answered as for any datagram; anything else is the buffer's
+//!   error: the kernel refused the train after building it (the segment does not fit the path
+//!   MTU, a netfilter or qdisc drop), so nothing of it went and nothing is sent twice.
+//! - [`auto_copies`]: `auto` copies a train below [`AUTO_ZEROCOPY_MIN`] bytes without asking its
+//!   per-send rules, which then decide for the larger ones (budget, a route that copies, probes).
+
+use std::collections::HashSet;
+
+use socket2::SockAddr;
+
+use crate::kind::{Family, SockKind, SockType};
+
+/// A record that is a train: its segment size, and whether it goes one datagram per call (its
+/// path refused GSO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Train {
+    /// Bytes per datagram; the last may be shorter.
+    pub(crate) segment: u16,
+    /// One datagram per call, by copy ([`on_failure`]'s [`TrainFailure::Split`]).
+    pub(crate) split: bool,
+}
+
+impl Train {
+    pub(crate) fn new(segment: u16) -> Self {
+        Self {
+            segment,
+            split: false,
+        }
+    }
+
+    /// How many datagrams `len` bytes make.
+    pub(crate) fn count(self, len: usize) -> usize {
+        len.div_ceil(usize::from(self.segment.max(1)))
+    }
+}
+
+/// Whether a socket of `kind` sends trains: UDP on IPv4 or IPv6, the protocol of `UDP_SEGMENT`,
+/// and UDP-Lite, which takes the option but refuses every train with `EIO` (it never checksums a
+/// GSO packet), so its trains go one datagram per call ([`TrainFailure::Split`]).
+pub(crate) fn carries_trains(kind: SockKind) -> bool {
+    matches!(kind.family, Family::Inet4 | Family::Inet6)
+        && kind.ty == SockType::Dgram
+        && matches!(kind.protocol, libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE)
+}
+
+/// `UDP_MAX_SEGMENTS` before Linux 6.9: the segments one call may carry.
+pub(crate) const MAX_SEGMENTS_OLD: u16 = 64;
+/// `UDP_MAX_SEGMENTS` from Linux 6.9 (commit 1382e3b6a350, backported to some stable kernels,
+/// which then get the older, safe limit here).
+pub(crate) const MAX_SEGMENTS_NEW: u16 = 128;
+
+/// The segments one train call may carry on the kernel whose release string is `release`
+/// (`uname -r`): [`MAX_SEGMENTS_NEW`] from 6.9, [`MAX_SEGMENTS_OLD`] before and when the string
+/// cannot be read.
+pub(crate) fn max_segments(release: &str) -> u16 {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) if (major, minor) >= (6, 9) => MAX_SEGMENTS_NEW,
+        _ => MAX_SEGMENTS_OLD,
+    }
+}
+
+/// The payload one GSO packet carries: the IP length field's 65535 less the headers (IPv4: 20 +
+/// 8; IPv6, whose length field leaves out its own header: 8).
+pub(crate) fn max_train_bytes(v6: bool) -> usize {
+    if v6 {
+        65_535 - 8
+    } else {
+        65_535 - 20 - 8
+    }
+}
+
+/// The train bytes from which `auto` sends a train zero-copy. Below it a GSO copy costs less CPU
+/// per byte than the pinning and the completion of a zero-copy train; above it, less than the copy
+/// (the figures, per train length and segment size, with and without segmentation offload:
+/// `examples/train_cost.rs`, benches/HISTORY.md, "Trains").
+pub(crate) const AUTO_ZEROCOPY_MIN: usize = 32 * 1024;
+
+/// Whether `auto` copies a train of `len` bytes whatever its per-send rules say.
+pub(crate) fn auto_copies(len: usize) -> bool {
+    len < AUTO_ZEROCOPY_MIN
+}
+
+/// [`check`]'s reasons.
+pub(crate) const ZERO_SEGMENT: &str = "a train's segment size is 0: give the datagram size, \
+                                       at least 1 byte";
+pub(crate) const TOO_MANY_SEGMENTS: &str =
+    "the train has more segments than the kernel takes in one call (UDP_MAX_SEGMENTS: 64 \
+     before Linux 6.9, 128 since): send it as several trains, or use a larger segment";
+pub(crate) const TOO_LONG: &str = "the train is longer than one UDP GSO packet carries (65507 \
+                                   bytes on IPv4, 65527 on IPv6): send it as several trains";
+pub(crate) const NOT_DATAGRAMS: &str =
+    "trains are for UDP sockets: a stream has no datagrams to cut; use send/send_batch";
+pub(crate) const NO_GSO_ENGINE: &str =
+    "the io_uring engines do not send trains yet: use the copy or msg-zc engine, or auto with \
+     SenderConfig::with_auto_uring(false)";
+
+/// Whether a train of `len` bytes in `segment`-byte datagrams may go (one call carries at most
+/// `max_segments`), on an IPv6 socket if `v6`.
+pub(crate) fn check(
+    len: usize,
+    segment: u16,
+    v6: bool,
+    max_segments: u16,
+) -> Result<(), &'static str> {
+    if segment == 0 {
+        return Err(ZERO_SEGMENT);
+    }
+    if len > max_train_bytes(v6) {
+        return Err(TOO_LONG);
+    }
+    if Train::new(segment).count(len) > usize::from(max_segments) {
+        return Err(TOO_MANY_SEGMENTS);
+    }
+    Ok(())
+}
+
+/// What a train call that failed with `errno` (not `EAGAIN`) becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TrainFailure {
+    /// The zero-copy budget (no id taken): as for any datagram.
+    Budget,
+    /// The path cannot send it as one GSO packet (`EIO`): one datagram per call, by copy, and
+    /// the path remembered. Nothing of it went.
+    Split,
+    /// The buffer's error, never retried; `hint` says what to do, where the errno says little.
+    Fail(Option<&'static str>),
+}
+
+/// [`TrainFailure::Fail`]'s hint for a train the kernel refused after building it.
+pub(crate) const REFUSED_AFTER_BUILD: &str =
+    "the kernel refused the train: each segment plus the IP and UDP headers must fit the path \
+     MTU (a segment of at most the MTU less 28 bytes on IPv4, 48 on IPv6), and the whole train \
+     one GSO packet (65507 bytes to an IPv4 destination, an IPv4-mapped one on an IPv6 socket \
+     too); send smaller segments or a shorter train";
+
+/// The answer to a train call that failed with `errno`, once the engine knows whether it took a
+/// zero-copy id (`took_id`; always `false` for a copy).
+pub(crate) fn on_failure(errno: Option<i32>, took_id: bool) -> TrainFailure {
+    match errno {
+        Some(libc::EIO) => TrainFailure::Split,
+        Some(libc::ENOBUFS) if !took_id => TrainFailure::Budget,
+        Some(libc::EMSGSIZE | libc::EINVAL) => TrainFailure::Fail(Some(REFUSED_AFTER_BUILD)),
+        _ => TrainFailure::Fail(None),
+    }
+}
+
+/// Destinations remembered as refusing GSO before the memory is cleared.
+const SPLIT_CACHE: usize = 1024;
+
+/// The paths that refused a train with `EIO` ([`TrainFailure::Split`]): their trains go one
+/// datagram per call from then on, without asking the kernel again.
+#[derive(Debug, Default)]
+pub(crate) struct SplitPaths {
+    connected: bool,
+    by_dest: HashSet<SockAddr>,
+}
+
+impl SplitPaths {
+    /// Whether trains to `dest` (the connected peer if `None`) go one datagram per call.
+    pub(crate) fn splits(&self, dest: Option<&SockAddr>) -> bool {
+        match dest {
+            None => self.connected,
+            Some(d) => !self.by_dest.is_empty() && self.by_dest.contains(d),
+        }
+    }
+
+    /// The path to `dest` refused a train as one GSO packet.
+    pub(crate) fn refused(&mut self, dest: Option<&SockAddr>) {
+        match dest {
+            None => self.connected = true,
+            Some(d) => {
+                if self.by_dest.len() >= SPLIT_CACHE {
+                    self.by_dest.clear();
+                }
+                self.by_dest.insert(d.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use libc::{EINVAL, EIO, EMSGSIZE, ENOBUFS, EPERM};
+
+    #[test]
+    fn segment_limits_by_kernel_release() {
+        let table = [
+            ("6.18.44-fc-v595", 128),
+            ("6.12.57+deb13-cloud-amd64", 128),
+            ("6.9.0", 128),
+            ("7.0.1", 128),
+            ("6.8.12", 64),
+            ("6.1.0-41-cloud-amd64", 64),
+            ("4.18.0-553.el8_10.x86_64", 64),
+            ("", 64),
+            ("garbage", 64),
+        ];
+        for (release, want) in table {
+            assert_eq!(max_segments(release), want, "{release}");
+        }
+    }
+
+    #[test]
+    fn what_a_train_may_be() {
+        let table = [
+            // len, segment, v6, max segments, answer
+            (64_768, 1472, false, 64, Ok(())),
+            (1472 * 44 + 1, 1472, false, 64, Ok(())),
+            (100, 1472, false, 64, Ok(())),
+            (6400, 100, false, 64, Ok(())),
+            (6401, 100, false, 64, Err(TOO_MANY_SEGMENTS)),
+            (12_800, 100, false, 128, Ok(())),
+            (12_801, 100, false, 128, Err(TOO_MANY_SEGMENTS)),
+            (65_507, 1000, false, 128, Ok(())),
+            (65_508, 1000, false, 128, Err(TOO_LONG)),
+            (65_527, 1000, true, 128, Ok(())),
+            (65_528, 1000, true, 128, Err(TOO_LONG)),
+            (1000, 0, false, 128, Err(ZERO_SEGMENT)),
+        ];
+        for (len, segment, v6, max, want) in table {
+            assert_eq!(check(len, segment, v6, max), want, "{len} / {segment}");
+        }
+    }
+
+    #[test]
+    fn failures_by_errno_and_id() {
+        use TrainFailure::*;
+        let table = [
+            (EIO, false, Split),
+            (EIO, true, Split),
+            (ENOBUFS, false, Budget),
+            // A qdisc drop with IP_RECVERR: the train was built and dropped.
+            (ENOBUFS, true, Fail(None)),
+            (EPERM, true, Fail(None)),
+            (EMSGSIZE, true, Fail(Some(REFUSED_AFTER_BUILD))),
+            (EINVAL, true, Fail(Some(REFUSED_AFTER_BUILD))),
+            (EMSGSIZE, false, Fail(Some(REFUSED_AFTER_BUILD))),
+        ];
+        for (errno, took, want) in table {
+            assert_eq!(on_failure(Some(errno), took), want, "{errno} {took}");
+        }
+        assert_eq!(on_failure(None, false), Fail(None));
+    }
+
+    #[test]
+    fn split_paths_are_per_destination_and_bounded() {
+        let addr =
+            |port: u16| -> SockAddr { std::net::SocketAddr::from(([192, 0, 2, 2], port)).into() };
+        let mut p = SplitPaths::default();
+        assert!(!p.splits(None) && !p.splits(Some(&addr(1))));
+        p.refused(Some(&addr(1)));
+        assert!(p.splits(Some(&addr(1))));
+        assert!(!p.splits(Some(&addr(2))) && !p.splits(None));
+        p.refused(None);
+        assert!(p.splits(None));
+        for port in 0..(2 * SPLIT_CACHE as u16) {
+            p.refused(Some(&addr(port)));
+            assert!(p.by_dest.len() <= SPLIT_CACHE);
+        }
+    }
+
+    #[test]
+    fn auto_copies_short_trains() {
+        let table = [
+            // segment, datagrams, copies
+            (1472, 1, true),
+            (1472, 4, true),
+            (1472, 16, true),
+            (1472, 22, true),
+            (1472, 23, false),
+            (1472, 44, false),
+            (1200, 27, true),
+            (1200, 28, false),
+            (1200, 54, false),
+        ];
+        for (segment, count, copies) in table {
+            assert_eq!(auto_copies(segment * count), copies, "{count} x {segment}");
+        }
+    }
+
+    #[test]
+    fn a_train_counts_its_datagrams() {
+        assert_eq!(Train::new(1472).count(64_768), 44);
+        assert_eq!(Train::new(1472).count(64_769), 45);
+        assert_eq!(Train::new(1472).count(1), 1);
+    }
+}

@@ -1,0 +1,99 @@
+//! Trains (UDP GSO) in the `sendmsg(2)` engines, and their downgrade: a train sent by copy, one
+//! GSO call or, where the path refused GSO (`EIO`), one datagram per call; the error a refused
+//! train comes back with; the kernel's segment limit, read once. The decisions are
+//! [`policy::train`](trains)'s; the zero-copy train is `msg-zc`'s (`msg_zc/datagram.rs`).
+
+use std::io;
+
+use crate::buf::SendBuf;
+use crate::engine::policy::train::{self as trains, SplitPaths, Train, TrainFailure};
+use crate::engine::record::Record;
+use crate::engine::unfragmented::Unfragmented;
+use crate::report::Stats;
+use crate::socket::Socket;
+use crate::sys;
+
+/// [`send_copied`](crate::engine::sendmsg_core::send_copied) of a train: one GSO call without
+/// `MSG_ZEROCOPY`; where the path refused GSO (`EIO`, [`trains::on_failure`]: nothing of the
+/// train went), the path is remembered in `splits` and the train goes one datagram per call from
+/// its first, each whole or not at all, so a full socket leaves the rest for later and no
+/// datagram goes twice.
+///
+/// Out of line (a train's branch of an inlined loop), so it fills the return stack before its
+/// own return (docs/fast-path.md, "The return-stack fill").
+#[inline(never)]
+pub(crate) fn send_train_copied<B: SendBuf>(
+    stats: &mut Stats,
+    frag: &mut Unfragmented,
+    splits: &mut SplitPaths,
+    sock: &Socket,
+    rec: &mut Record<B>,
+    mut train: Train,
+) -> io::Result<bool> {
+    sys::fenced!('sent: {
+        if !train.split {
+            stats.syscalls += 1;
+            let bytes = rec.bufs[0].as_bytes();
+            let dest = rec.dest.as_deref();
+            match sys::train::send_train(sock.fd(), bytes, train.segment, dest, 0) {
+                Ok(n) => {
+                    stats.bytes += n as u64;
+                    rec.sent = rec.total;
+                    break 'sent Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 'sent Ok(false),
+                Err(e) if trains::on_failure(e.raw_os_error(), false) == TrainFailure::Split => {
+                    split_train(stats, splits, rec, &mut train);
+                }
+                Err(e) => break 'sent Err(e),
+            }
+        }
+        let segment = usize::from(train.segment);
+        while rec.left() > 0 {
+            let rest = &rec.bufs[0].as_bytes()[rec.sent..];
+            let len = rest.len().min(segment);
+            let dest = rec.dest.as_deref();
+            match frag.send_copy(sock.fd(), &rest[..len], dest, &mut stats.syscalls) {
+                Ok(n) => {
+                    stats.bytes += n as u64;
+                    rec.sent += len;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break 'sent Ok(false),
+                Err(e) => break 'sent Err(e),
+            }
+        }
+        Ok(true)
+    })
+}
+
+/// The path of `rec`, a train, refused GSO: it goes one datagram per call, and so do later
+/// trains to the same destination (`splits`).
+pub(crate) fn split_train<B>(
+    stats: &mut Stats,
+    splits: &mut SplitPaths,
+    rec: &mut Record<B>,
+    train: &mut Train,
+) {
+    train.split = true;
+    rec.train = Some(*train);
+    splits.refused(rec.dest.as_deref());
+    stats.train_splits += 1;
+}
+
+/// The error a refused train comes back with: the kernel's, with what to do where its errno
+/// says little ([`trains::on_failure`]'s hint).
+pub(crate) fn train_error(error: io::Error) -> io::Error {
+    match trains::on_failure(error.raw_os_error(), true) {
+        trains::TrainFailure::Fail(Some(hint)) => {
+            io::Error::new(error.kind(), format!("{error}: {hint}"))
+        }
+        _ => error,
+    }
+}
+
+/// The segments one train call may carry here ([`trains::max_segments`] of this kernel), read
+/// once.
+pub(crate) fn kernel_train_segments() -> u16 {
+    static SEGMENTS: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *SEGMENTS.get_or_init(|| trains::max_segments(&sys::kernel_release().unwrap_or_default()))
+}

@@ -1,0 +1,660 @@
+//! Trains (UDP GSO: one buffer the kernel cuts into datagrams) on the real kernel, in namespaces
+//! these tests create: a receiver on the far side of a veth checks every datagram of every train
+//! (content, count, order); the black hole gives zero-copy completions; netfilter and qdisc drops
+//! fail a train and keep its id; a segment above the MTU and too many segments come back with the
+//! buffer; a UDP-Lite socket (which never checksums a GSO packet: `EIO`) splits its trains into
+//! datagrams; a local destination copies, and `auto` learns it. The kernel's rules:
+//! docs/kernel.md, "UDP GSO trains".
+
+mod util;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use util::{connected_udp, require};
+use zerotx::{CopyReason, EngineKind, SendError, SendPath, Sender, SenderConfig};
+
+/// The datagram size of the trains below: a 1500-byte MTU less the IPv4 and UDP headers.
+const SEG: usize = 1472;
+
+/// The engines that send trains (`auto` kept on `sendmsg(2)`: io_uring trains are not built).
+fn train_engines() -> [(&'static str, SenderConfig); 3] {
+    [
+        ("copy", SenderConfig::new(EngineKind::Copy)),
+        ("msg-zc", SenderConfig::new(EngineKind::MsgZerocopy)),
+        (
+            "auto",
+            SenderConfig::new(EngineKind::Auto).with_auto_uring(false),
+        ),
+    ]
+}
+
+/// The byte at `i` of datagram `d` of train `t`, past its 8-byte header.
+fn pattern(t: u32, d: u32, i: usize) -> u8 {
+    (t.wrapping_mul(31) ^ d.wrapping_mul(7)).wrapping_add(i as u32) as u8
+}
+
+/// Train `t`: `count` datagrams of `segment` bytes, the last `last` bytes; each starts with its
+/// train and datagram numbers, then [`pattern`].
+fn train(t: u32, segment: usize, count: usize, last: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(segment * (count - 1) + last);
+    for d in 0..count as u32 {
+        let len = if d as usize + 1 == count {
+            last
+        } else {
+            segment
+        };
+        buf.extend_from_slice(&t.to_be_bytes());
+        buf.extend_from_slice(&d.to_be_bytes());
+        buf.extend((8..len).map(|i| pattern(t, d, i)));
+    }
+    buf
+}
+
+/// Checks one received datagram; returns its (train, datagram) numbers.
+fn check_datagram(data: &[u8], segment: usize, count: usize, last: usize) -> (u32, u32) {
+    assert!(data.len() >= 8, "a datagram of {} bytes", data.len());
+    let t = u32::from_be_bytes(data[..4].try_into().unwrap());
+    let d = u32::from_be_bytes(data[4..8].try_into().unwrap());
+    assert!((d as usize) < count, "datagram number {d} of train {t}");
+    let want = if d as usize + 1 == count {
+        last
+    } else {
+        segment
+    };
+    assert_eq!(data.len(), want, "train {t} datagram {d}: its length");
+    let bad = (8..data.len()).find(|&i| data[i] != pattern(t, d, i));
+    assert_eq!(bad, None, "train {t} datagram {d}: a byte changed");
+    (t, d)
+}
+
+/// Reads datagrams from `sock` until `timeout` passes without one.
+fn receive_all(sock: &UdpSocket, timeout: Duration) -> Vec<Vec<u8>> {
+    sock.set_read_timeout(Some(timeout)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    while let Ok(n) = sock.recv(&mut buf) {
+        got.push(buf[..n].to_vec());
+    }
+    got
+}
+
+/// A UDP socket bound to `addr` with an 8 MiB receive buffer (forced past `rmem_max`, as root).
+fn receiver(addr: &str) -> UdpSocket {
+    receiver_of(addr, libc::IPPROTO_UDP).unwrap()
+}
+
+/// As [`receiver`], of `protocol` (UDP or UDP-Lite); `None` (skipped) where the kernel has no
+/// such socket.
+fn receiver_of(addr: &str, protocol: i32) -> Option<UdpSocket> {
+    let addr: SocketAddr = addr.parse().unwrap();
+    let sock = udp_of(protocol)?;
+    sock.bind(&addr.into()).unwrap();
+    let sock: UdpSocket = sock.into();
+    util::set_int_opt(
+        sock.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        8 << 20,
+    );
+    Some(sock)
+}
+
+/// An IPv4 datagram socket of `protocol` (UDP or UDP-Lite), or `None` (skipped) where the
+/// kernel has none.
+fn udp_of(protocol: i32) -> Option<socket2::Socket> {
+    let proto = Some(socket2::Protocol::from(protocol));
+    match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, proto) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            require(
+                false,
+                &format!("no datagram sockets of protocol {protocol}: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// The thread's kernel id, for `ip link set ... netns`.
+fn tid() -> i32 {
+    // SAFETY: gettid has no preconditions and cannot fail.
+    unsafe { libc::gettid() }
+}
+
+/// A veth pair across two fresh namespaces: the sender's side `zc0` (192.0.2.1/24) and the
+/// receiver's `zc1` (192.0.2.2/24), both at `mtu`. `recv` runs in the receiver's namespace with a
+/// socket of `protocol` (UDP, UDP-Lite) bound to 192.0.2.2:9; `send` runs in the sender's once it is bound, after `prep`
+/// set up the sender's namespace. `None`: skipped.
+fn over_veth<R: Send>(
+    mtu: u32,
+    protocol: i32,
+    prep: impl FnOnce() -> bool + Send,
+    recv: impl FnOnce(UdpSocket) -> R + Send,
+    send: impl FnOnce() + Send,
+) -> Option<R> {
+    require!(util::is_root(), else None; "needs root for network namespaces");
+    let mtu = mtu.to_string();
+    let ip = |args: &[&str]| util::run_tool("ip", args, None);
+    zerotx_testbed::in_new_netns(|| {
+        let ok = ip(&["link", "add", "zc0", "type", "veth", "peer", "name", "zc1"])
+            && ip(&["addr", "add", "192.0.2.1/24", "dev", "zc0"])
+            && ip(&["link", "set", "zc0", "mtu", &mtu, "up"])
+            && prep();
+        if !ok {
+            return None;
+        }
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (moved_tx, moved_rx) = mpsc::channel();
+        let (bound_tx, bound_rx) = mpsc::channel();
+        let (through_tx, through_rx) = mpsc::channel();
+        std::thread::scope(|s| {
+            let far = s.spawn(|| {
+                zerotx_testbed::in_new_netns(move || {
+                    tid_tx.send(tid()).unwrap();
+                    moved_rx.recv().unwrap();
+                    assert!(ip(&["addr", "add", "192.0.2.2/24", "dev", "zc1"]));
+                    assert!(ip(&["link", "set", "zc1", "mtu", &mtu, "up"]));
+                    let sock = receiver_of("192.0.2.2:9", protocol).unwrap();
+                    // The path carries datagrams once one probe came through: until the carrier
+                    // is up, the sending device's queue drops everything without an error.
+                    let probes = UdpSocket::bind("192.0.2.2:8").unwrap();
+                    bound_tx.send(()).unwrap();
+                    probes
+                        .set_read_timeout(Some(Duration::from_secs(10)))
+                        .unwrap();
+                    probes
+                        .recv(&mut [0u8; 8])
+                        .expect("a probe through the veth");
+                    through_tx.send(()).unwrap();
+                    recv(sock)
+                })
+                .expect("the receiver's namespace")
+            });
+            let far_tid = tid_rx.recv().unwrap().to_string();
+            assert!(ip(&["link", "set", "zc1", "netns", &far_tid]));
+            moved_tx.send(()).unwrap();
+            bound_rx.recv().unwrap();
+            let probe = UdpSocket::bind("192.0.2.1:0").unwrap();
+            while through_rx.try_recv().is_err() {
+                let _ = probe.send_to(b"probe", "192.0.2.2:8");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            send();
+            Some(far.join().unwrap())
+        })
+    })
+    .unwrap_or_else(|e| {
+        require(false, &format!("network namespace unavailable: {e}"));
+        None
+    })
+}
+
+/// Sends trains `0..n` (each `count` datagrams of [`SEG`] bytes, the last `last`) through a
+/// sender made by `cfg` on `sock`, overwriting every buffer the instant it comes back; returns
+/// the reports' paths and the final counters.
+fn send_trains(
+    sock: UdpSocket,
+    cfg: SenderConfig,
+    n: u32,
+    count: usize,
+    last: usize,
+) -> (Vec<SendPath>, zerotx::Stats) {
+    let mut tx = Sender::with_config(sock, cfg).unwrap();
+    let mut out = Vec::new();
+    let mut paths = Vec::new();
+    let mut take = |out: &mut Vec<zerotx::Released<Vec<u8>>>| {
+        for mut r in out.drain(..) {
+            r.buf.fill(0xEE);
+            assert!(r.report.error.is_none(), "{:?}", r.report.error);
+            paths.push(r.report.path);
+        }
+    };
+    for t in 0..n {
+        tx.send_train(train(t, SEG, count, last), SEG as u16)
+            .unwrap();
+        tx.reap(&mut out).unwrap();
+        take(&mut out);
+    }
+    let (mut rest, stats) = util::finish(tx);
+    take(&mut rest);
+    (paths, stats)
+}
+
+/// Every datagram of every train arrives, whole and in order, through each engine that sends
+/// trains; every buffer comes back once.
+#[test]
+fn every_datagram_of_every_train_arrives_in_order() {
+    const TRAINS: u32 = 24;
+    const COUNT: usize = 44;
+    const LAST: usize = 1000;
+    for (name, cfg) in train_engines() {
+        let result = over_veth(
+            1500,
+            libc::IPPROTO_UDP,
+            || true,
+            |sock| receive_all(&sock, Duration::from_secs(1)),
+            || {
+                let (paths, stats) = send_trains(
+                    connected_udp("192.0.2.2:9".parse().unwrap()),
+                    cfg,
+                    TRAINS,
+                    COUNT,
+                    LAST,
+                );
+                assert_eq!(paths.len(), TRAINS as usize, "{name}: buffers back");
+                assert_eq!(stats.trains, u64::from(TRAINS), "{name}: {stats:?}");
+                assert_eq!(stats.sends, u64::from(TRAINS), "{name}: {stats:?}");
+                assert_eq!(stats.train_splits, 0, "{name}: {stats:?}");
+            },
+        );
+        let Some(got) = result else { return };
+        assert_eq!(
+            got.len(),
+            TRAINS as usize * COUNT,
+            "{name}: datagrams received"
+        );
+        for (i, data) in got.iter().enumerate() {
+            let (t, d) = check_datagram(data, SEG, COUNT, LAST);
+            assert_eq!(
+                (t as usize, d as usize),
+                (i / COUNT, i % COUNT),
+                "{name}: order"
+            );
+        }
+    }
+}
+
+/// Into the black hole, zero-copy trains complete NOT copied: one id per train, and the report
+/// says zero-copy; `explain` counts the trains.
+#[test]
+fn black_hole_trains_complete_zero_copy() {
+    util::in_black_hole(1500, |bh| {
+        let (paths, stats) = send_trains(
+            connected_udp(bh.v4),
+            SenderConfig::new(EngineKind::MsgZerocopy),
+            64,
+            44,
+            SEG,
+        );
+        assert_eq!(paths.len(), 64);
+        assert!(paths.iter().all(|p| *p == SendPath::ZeroCopy), "{paths:?}");
+        assert_eq!(stats.zerocopy_ids, 64, "{stats:?}");
+        assert_eq!(stats.zerocopy_ids_completed, 64, "{stats:?}");
+        assert_eq!(stats.syscalls, 64, "one call per train: {stats:?}");
+
+        let mut tx = Sender::new(connected_udp(bh.v4), EngineKind::MsgZerocopy).unwrap();
+        tx.send_train(train(0, SEG, 3, 10), SEG as u16).unwrap();
+        tx.flush(Duration::from_secs(5)).unwrap();
+        let said = tx.explain().lines.join("\n");
+        assert!(
+            said.contains("1 trains of datagrams sent as UDP GSO"),
+            "{said}"
+        );
+    });
+}
+
+/// `auto` copies a train shorter than the length from which zero-copy trains pay (measured:
+/// `examples/train_cost.rs`) and sends longer ones zero-copy.
+#[test]
+fn auto_copies_short_trains_and_zero_copies_long_ones() {
+    util::in_black_hole(1500, |bh| {
+        let cfg = SenderConfig::new(EngineKind::Auto).with_auto_uring(false);
+        let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+        for (t, count) in [4, 44, 8, 40].into_iter().enumerate() {
+            tx.send_train(train(t as u32, SEG, count, SEG), SEG as u16)
+                .unwrap();
+            tx.flush(Duration::from_secs(5)).unwrap();
+        }
+        let (released, stats) = util::finish(tx);
+        let paths: Vec<SendPath> = released.iter().map(|r| r.report.path).collect();
+        let small = SendPath::Copied(CopyReason::Small);
+        assert_eq!(
+            paths,
+            [small, SendPath::ZeroCopy, small, SendPath::ZeroCopy],
+            "{stats:?}"
+        );
+        assert_eq!(stats.zerocopy_ids, 2, "{stats:?}");
+    });
+}
+
+/// A train netfilter drops comes back with its buffer and `EPERM`, having taken its id (the
+/// kernel built the skb): the trains around it complete in step, none released early.
+#[test]
+fn a_train_netfilter_drops_comes_back_and_keeps_its_id() {
+    util::in_black_hole(1500, |bh| {
+        let rules = "table inet zerotx_trains {\n  chain out {\n    type filter hook output \
+                     priority 0; policy accept;\n    udp dport 10 drop\n  }\n}\n";
+        if !util::run_tool("nft", &["-f", "-"], Some(rules)) {
+            return;
+        }
+        for (name, cfg) in train_engines() {
+            let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
+            let mut tx = Sender::with_config(sock, cfg).unwrap();
+            let mut dropped = 0;
+            for t in 0..40u32 {
+                let port = if t % 4 == 3 { 10 } else { 9 };
+                let dest = SocketAddr::new(bh.v4.ip(), port);
+                let buf = train(t, SEG, 20, 500);
+                match tx.send_train_to(buf, SEG as u16, dest) {
+                    Ok(()) => assert_eq!(port, 9, "{name}: a dropped train was accepted"),
+                    Err(SendError::Io { buf, error }) => {
+                        assert_eq!(port, 10, "{name}: {error}");
+                        assert_eq!(error.raw_os_error(), Some(libc::EPERM), "{name}: {error}");
+                        assert_eq!(buf, train(t, SEG, 20, 500), "{name}: the buffer changed");
+                        dropped += 1;
+                    }
+                    Err(e) => panic!("{name}: {e}"),
+                }
+            }
+            assert_eq!(dropped, 10, "{name}");
+            let (released, stats) = util::finish(tx);
+            assert_eq!(released.len(), 30, "{name}: {stats:?}");
+            assert!(released.iter().all(|r| r.report.error.is_none()), "{name}");
+            assert_eq!(
+                stats.zerocopy_ids, stats.zerocopy_ids_completed,
+                "{name}: {stats:?}"
+            );
+            if name == "msg-zc" {
+                // Every train took an id, the dropped ones too.
+                assert_eq!(stats.zerocopy_ids, 40, "{name}: {stats:?}");
+                assert!(
+                    released.iter().all(|r| r.report.path == SendPath::ZeroCopy),
+                    "{name}"
+                );
+            }
+        }
+    });
+}
+
+/// A tbf qdisc that drops, with `IP_RECVERR`: a train dropped whole comes back with `ENOBUFS`
+/// (its id taken), one cut by the qdisc loses datagrams; no buffer comes back before the kernel
+/// is done with it (each is overwritten the instant it does, and the receiver checks every byte
+/// that arrives), none is lost, and no datagram arrives twice.
+#[test]
+fn qdisc_drops_with_recverr_release_nothing_early() {
+    const TRAINS: u32 = 200;
+    const COUNT: usize = 20;
+    for (name, cfg) in train_engines() {
+        let tbf = || {
+            util::run_tool(
+                "tc",
+                &[
+                    "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "20mbit", "burst", "32kb",
+                    "limit", "64kb",
+                ],
+                None,
+            )
+        };
+        let result = over_veth(
+            1500,
+            libc::IPPROTO_UDP,
+            tbf,
+            |sock| receive_all(&sock, Duration::from_secs(2)),
+            || {
+                let sock = connected_udp("192.0.2.2:9".parse().unwrap());
+                util::set_recverr(sock.as_fd(), false);
+                let mut tx = Sender::with_config(sock, cfg).unwrap();
+                let (mut out, mut refused, mut back) = (Vec::new(), 0, 0);
+                for t in 0..TRAINS {
+                    match tx.send_train(train(t, SEG, COUNT, SEG), SEG as u16) {
+                        Ok(()) => {}
+                        Err(SendError::Io { buf, error }) => {
+                            assert_eq!(error.raw_os_error(), Some(libc::ENOBUFS), "{name}");
+                            assert_eq!(buf, train(t, SEG, COUNT, SEG), "{name}");
+                            refused += 1;
+                        }
+                        Err(e) => panic!("{name}: {e}"),
+                    }
+                    tx.reap(&mut out).unwrap();
+                    for r in out.iter_mut() {
+                        r.buf.fill(0xEE);
+                    }
+                    back += out.len();
+                    out.clear();
+                }
+                let failed = util::flush_after_faults(&mut tx, Duration::from_secs(20), name);
+                assert_eq!(failed, 0, "{name}: a train is refused or sent, never cut");
+                let (rest, stats) = util::finish(tx);
+                back += rest.len();
+                assert_eq!(back + refused, TRAINS as usize, "{name}: buffers back");
+                assert!(
+                    refused > 0,
+                    "{name}: the qdisc dropped no whole train: {stats:?}"
+                );
+                assert_eq!(
+                    stats.zerocopy_ids, stats.zerocopy_ids_completed,
+                    "{name}: {stats:?}"
+                );
+            },
+        );
+        let Some(got) = result else { return };
+        let mut seen = std::collections::HashSet::new();
+        for data in &got {
+            let id = check_datagram(data, SEG, COUNT, SEG);
+            assert!(seen.insert(id), "{name}: {id:?} arrived twice");
+        }
+        assert!(
+            !got.is_empty() && got.len() < TRAINS as usize * COUNT,
+            "{name}"
+        );
+    }
+}
+
+/// A segment larger than the path MTU allows is refused by the kernel after it built the train:
+/// the buffer comes back with an error that says what to do, having taken its id, and the next
+/// train completes in step. More segments than the kernel takes, or more bytes than one GSO
+/// packet carries, are refused before any call.
+#[test]
+fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
+    util::in_black_hole(1500, |bh| {
+        for (name, cfg) in train_engines() {
+            let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+            let big = vec![7u8; 2 * (SEG + 1)];
+            match tx.send_train(big.clone(), SEG as u16 + 1) {
+                Err(SendError::Io { buf, error }) => {
+                    assert_eq!(buf, big, "{name}");
+                    let said = error.to_string();
+                    assert!(said.contains("path MTU"), "{name}: {said}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            let many = vec![1u8; 129 * 100];
+            match tx.send_train(many.clone(), 100) {
+                Err(SendError::Invalid { buf, reason }) => {
+                    assert_eq!(buf, many, "{name}");
+                    assert!(reason.contains("UDP_MAX_SEGMENTS"), "{name}: {reason}");
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            let long = vec![1u8; 65_508];
+            match tx.send_train(long, 1000) {
+                Err(SendError::Invalid { reason, .. }) => {
+                    assert!(reason.contains("65507"), "{name}: {reason}")
+                }
+                other => panic!("{name}: {other:?}"),
+            }
+            match tx.send_train(vec![1u8; 10], 0) {
+                Err(SendError::Invalid { .. }) => {}
+                other => panic!("{name}: {other:?}"),
+            }
+            tx.send_train(train(1, SEG, 40, SEG), SEG as u16).unwrap();
+            let (released, stats) = util::finish(tx);
+            assert_eq!(released.len(), 1, "{name}");
+            assert_eq!(
+                stats.zerocopy_ids, stats.zerocopy_ids_completed,
+                "{name}: {stats:?}"
+            );
+            if name == "msg-zc" {
+                assert_eq!(released[0].report.path, SendPath::ZeroCopy);
+            }
+        }
+    });
+}
+
+/// UDP-Lite never checksums a GSO packet: the kernel answers a train with `EIO` having sent
+/// nothing (as it did for every device without checksum offload before Linux 6.11). The train
+/// goes one datagram per call, every datagram once and in order, the path is remembered (the
+/// next train is not tried as one), and `Stats` and `explain` say so.
+#[test]
+fn a_path_that_cannot_checksum_a_train_gets_its_datagrams_one_by_one() {
+    require!(util::is_root(), "needs root for a network namespace");
+    zerotx_testbed::in_new_netns(|| {
+        let Some(rx) = receiver_of("127.0.0.1:0", libc::IPPROTO_UDPLITE) else {
+            return;
+        };
+        let tx_sock = udp_of(libc::IPPROTO_UDPLITE).unwrap();
+        tx_sock.connect(&rx.local_addr().unwrap().into()).unwrap();
+        let mut tx = Sender::new(tx_sock, EngineKind::Copy).unwrap();
+        for t in 0..3 {
+            tx.send_train(train(t, 1000, 10, 500), 1000).unwrap();
+        }
+        let said = tx.explain().lines.join("\n");
+        let (released, stats) = util::finish(tx);
+        assert_eq!(released.len(), 3);
+        let engine = SendPath::Copied(CopyReason::Engine);
+        assert!(released
+            .iter()
+            .all(|r| r.report.path == engine && r.report.bytes == 9500));
+        assert_eq!(stats.train_splits, 1, "{stats:?}");
+        assert_eq!(stats.trains, 3, "{stats:?}");
+        assert_eq!(
+            stats.syscalls,
+            1 + 30,
+            "one refused train call, then 30 datagrams"
+        );
+        assert!(said.contains("one datagram per call"), "{said}");
+        let got = receive_all(&rx, Duration::from_millis(300));
+        assert_eq!(got.len(), 30);
+        for (i, data) in got.iter().enumerate() {
+            let (t, d) = check_datagram(data, 1000, 10, 500);
+            assert_eq!((t as usize, d as usize), (i / 10, i % 10));
+        }
+    })
+    .unwrap();
+}
+
+/// A split train that finds the socket full part way (a slow qdisc holds its datagrams, charged
+/// to a small send buffer) keeps the rest as the sender's head: it goes before the next train,
+/// so every datagram arrives once, in order.
+#[test]
+fn a_split_train_that_fills_the_socket_finishes_first() {
+    const TRAINS: u32 = 12;
+    let tbf = || {
+        util::run_tool(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "4mbit", "burst", "8kb",
+                "limit", "1mb",
+            ],
+            None,
+        )
+    };
+    let result = over_veth(
+        1500,
+        libc::IPPROTO_UDPLITE,
+        tbf,
+        |sock| receive_all(&sock, Duration::from_secs(1)),
+        || {
+            let sock = udp_of(libc::IPPROTO_UDPLITE).unwrap();
+            sock.set_send_buffer_size(4096).unwrap();
+            let dest: SocketAddr = "192.0.2.2:9".parse().unwrap();
+            sock.connect(&dest.into()).unwrap();
+            let mut tx = Sender::new(sock, EngineKind::Copy).unwrap();
+            let mut out = Vec::new();
+            for t in 0..TRAINS {
+                tx.send_train(train(t, 1000, 10, 700), 1000).unwrap();
+                tx.reap(&mut out).unwrap();
+                for r in out.iter_mut() {
+                    r.buf.fill(0xEE);
+                }
+            }
+            let (rest, stats) = util::finish(tx);
+            assert_eq!(out.len() + rest.len(), TRAINS as usize, "{stats:?}");
+            assert_eq!(stats.train_splits, 1, "{stats:?}");
+            assert!(stats.would_block > 0, "the socket never filled: {stats:?}");
+        },
+    );
+    let Some(got) = result else { return };
+    assert_eq!(got.len(), TRAINS as usize * 10);
+    for (i, data) in got.iter().enumerate() {
+        let (t, d) = check_datagram(data, 1000, 10, 700);
+        assert_eq!((t as usize, d as usize), (i / 10, i % 10));
+    }
+}
+
+/// A train to a local socket is copied on delivery, and its report says so; `auto` learns it and
+/// copies the trains that follow.
+#[test]
+fn a_local_destination_copies_and_auto_learns_it() {
+    require!(util::is_root(), "needs root for a network namespace");
+    zerotx_testbed::in_new_netns(|| {
+        let rx = receiver("127.0.0.1:0");
+        let dest = rx.local_addr().unwrap();
+        let reader = std::thread::spawn(move || receive_all(&rx, Duration::from_millis(500)).len());
+        let mut copied = Vec::new();
+        for cfg in [
+            SenderConfig::new(EngineKind::MsgZerocopy),
+            SenderConfig::new(EngineKind::Auto).with_auto_uring(false),
+        ] {
+            let mut tx = Sender::with_config(UdpSocket::bind("127.0.0.1:0").unwrap(), cfg).unwrap();
+            for t in 0..64 {
+                tx.send_train_to(train(t, 1000, 40, 1000), 1000, dest)
+                    .unwrap();
+                tx.flush(Duration::from_secs(5)).unwrap();
+            }
+            let (released, stats) = util::finish(tx);
+            assert_eq!(released.len(), 64);
+            copied.push((released, stats));
+        }
+        let (zc, _) = &copied[0];
+        assert!(
+            zc.iter()
+                .all(|r| r.report.path == SendPath::Copied(CopyReason::Kernel)),
+            "msg-zc: every train copied by the kernel"
+        );
+        let (auto, stats) = &copied[1];
+        assert_eq!(stats.switches_to_copy, 1, "{stats:?}");
+        assert_eq!(
+            auto.last().unwrap().report.path,
+            SendPath::Copied(CopyReason::RouteCopies),
+            "auto copies once it learnt the route copies"
+        );
+        assert_eq!(
+            reader.join().unwrap(),
+            2 * 64 * 40,
+            "every datagram arrived"
+        );
+    })
+    .unwrap();
+}
+
+/// Trains are for UDP: a stream socket refuses them, and so do the io_uring engines, which do not
+/// send them yet; the reason says what to do, and the buffer comes back.
+#[test]
+fn sockets_and_engines_without_trains_refuse_them() {
+    let (stream, _peer) = util::stalled_peer();
+    let mut tx = Sender::new(stream, EngineKind::Copy).unwrap();
+    match tx.send_train(vec![1u8; 3000], 1000) {
+        Err(SendError::Invalid { buf, reason }) => {
+            assert_eq!(buf.len(), 3000);
+            assert!(reason.contains("UDP"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let sock = connected_udp(rx.local_addr().unwrap());
+    let Ok(mut tx) = Sender::new(sock, EngineKind::Uring) else {
+        require(false, "io_uring unavailable");
+        return;
+    };
+    match tx.send_train(vec![1u8; 3000], 1000) {
+        Err(SendError::Invalid { buf, reason }) => {
+            assert_eq!(buf.len(), 3000);
+            assert!(reason.contains("with_auto_uring(false)"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
