@@ -6,12 +6,15 @@
 use std::net::IpAddr;
 
 use crate::report::{Delivery, PathFacts};
-use crate::socket::{Family, Socket};
+use crate::socket::{Family, SockType, Socket};
 use crate::sys::egress as sys;
 
 /// What the kernel says of `sock`'s way out. A query that fails leaves its fact unknown.
 pub(crate) fn inspect(sock: &Socket) -> PathFacts {
-    let mut facts = PathFacts::default();
+    let mut facts = PathFacts {
+        datagram: sock.kind.ty == SockType::Dgram,
+        ..PathFacts::default()
+    };
     if !matches!(sock.kind.family, Family::Inet4 | Family::Inet6) {
         return facts;
     }

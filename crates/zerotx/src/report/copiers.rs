@@ -27,6 +27,9 @@ pub(crate) struct PathFacts {
     pub(crate) sg: Option<bool>,
     /// The device has a transmit checksum offload on.
     pub(crate) tx_csum: Option<bool>,
+    /// The socket sends datagrams (UDP), which the kernel sends zero-copy only with the
+    /// device's checksum offload.
+    pub(crate) datagram: bool,
     /// Packet sockets that see every frame sent on the device.
     pub(crate) taps: usize,
     /// The socket's `SO_TIMESTAMPING` flags, when they ask for TX timestamps with the packet
@@ -40,7 +43,7 @@ impl PathFacts {
         let dev = |d: &Delivery| matches!(&self.device, Some((_, x)) if x == d);
         dev(&Delivery::Loopback)
             || self.sg == Some(false)
-            || self.tx_csum == Some(false)
+            || (self.datagram && self.tx_csum == Some(false))
             || self.taps > 0
             || self.tx_timestamps.is_some()
     }
@@ -77,16 +80,21 @@ impl PathFacts {
         }
         if self.sg == Some(false) {
             out.push(format!(
-                "the egress device {name} has scatter-gather off, so the kernel copies every \
-                 zero-copy send into its own buffers (and reports COPIED): turn it on with \
-                 `ethtool -K {name} sg on` where the driver can, or send by copy"
+                "the egress device {name} has scatter-gather off, so the kernel copies zero-copy \
+                 sends into its own buffers: turn it on with `ethtool -K {name} sg on` where the \
+                 driver can, or send by copy"
             ));
         }
         if self.tx_csum == Some(false) {
             out.push(format!(
-                "the egress device {name} has no transmit checksum offload, without which the \
-                 kernel turns scatter-gather off and copies every zero-copy send: turn it on \
-                 with `ethtool -K {name} tx on` where the driver can, or send by copy"
+                "the egress device {name} has no transmit checksum offload, so the kernel \
+                 checksums in software: it copies every zero-copy datagram{}; turn the offload \
+                 on with `ethtool -K {name} tx on` where the driver can",
+                if self.datagram {
+                    ""
+                } else {
+                    " (a stream's pages it reads in place)"
+                }
             ));
         }
         if self.taps > 0 {
@@ -147,6 +155,14 @@ mod tests {
             ..dev(Delivery::Device)
         };
         assert!(f.copies_all());
+        let no_csum = |datagram| PathFacts {
+            tx_csum: Some(false),
+            datagram,
+            ..dev(Delivery::Device)
+        };
+        assert!(no_csum(true).copies_all());
+        assert!(!no_csum(false).copies_all());
+        assert_eq!(no_csum(false).lines(false).len(), 1);
         let text = f.lines(false).join("\n");
         for want in [
             "ethtool -K eth0 sg on",
