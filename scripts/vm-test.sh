@@ -178,7 +178,9 @@ net_table() {
       if (!(e in seen)) { seen[e] = 1; order[++n] = e }
       zc = num(rest, "of [0-9]+ buffers zero-copy"); all = ""
       if (match(rest, "of [0-9]+ buffers zero-copy")) { all = substr(rest, RSTART + 3, RLENGTH - 3); sub(/ .*/, "", all) }
-      c = (zc == "" ? "?" : zc "/" all) ($0 ~ /VMTEST: FAIL/ ? " FAIL" : "")
+      c = (zc == "" ? "?" : zc "/" all) (rest ~ /does not report copies/ ? "*" : "") \
+        ($0 ~ /VMTEST: FAIL/ ? " FAIL" : "")
+      if (rest ~ /does not report copies/) blind = 1
       if (rest ~ /through the copying nic/) { copying[e] = c; next }
       share[e, p] = c
       back[e] += num(rest, "buffers back"); retr[e] += num(rest, "retransmits")
@@ -193,6 +195,7 @@ net_table() {
           cell(share[e, "tcp6"]), cell(share[e, "udp4"]), cell(share[e, "udp6"]), back[e], \
           retr[e], (e in copying ? copying[e] : "-")
       }
+      if (blind) print "  * this kernel'"'"'s io_uring does not say when it copied: its share is what it claimed"
     }'
 }
 
