@@ -67,13 +67,15 @@ fn probe_explain_to_names_a_capture_on_the_egress_device() {
     }
     let ns = Netns::black_hole();
     assert!(!explain_to(&ns, "192.0.2.2").contains("packet socket"));
-    // A capture on every device, as `tcpdump -i any` opens.
+    // A capture on zc0 with ETH_P_ALL (3), as `tcpdump -i zc0` opens: no hook until it is
+    // bound, so it never taps another test's device.
     let mut tap = Command::new(ns.exec(0)[0]);
     tap.args(&ns.exec(0)[1..]).args([
         "python3",
         "-c",
         "import socket, time\n\
-             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))\n\
+             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)\n\
+             s.bind(('zc0', 3))\n\
              print('ready', flush=True)\n\
              time.sleep(60)",
     ]);

@@ -15,13 +15,15 @@ use zerotx::{EngineKind, Explanation, Sender, Stats};
 
 use util::require;
 
-/// Sends 32 datagrams (or stream buffers) of 16 KiB through a `msg-zc` sender on `sock`; returns
-/// the counters and what `explain` said after.
+/// Sends 32 datagrams (or stream buffers) of 16 KiB through a `msg-zc` sender on `sock`, each
+/// waited for before the next (the kernel merges queued completions under the first one's
+/// COPIED flag: docs/kernel.md, "MSG_ZEROCOPY"); returns the counters and what `explain` said.
 fn send_some(sock: impl Into<std::os::fd::OwnedFd>) -> (Stats, Explanation) {
     let mut tx: Sender<Vec<u8>> = Sender::new(sock, EngineKind::MsgZerocopy).unwrap();
     let mut out = Vec::new();
     for i in 0..32u8 {
         tx.send(vec![i; 16 << 10]).unwrap();
+        tx.flush(Duration::from_secs(10)).unwrap();
         tx.reap(&mut out).unwrap();
     }
     tx.flush(Duration::from_secs(10)).unwrap();
@@ -35,9 +37,11 @@ fn send_some(sock: impl Into<std::os::fd::OwnedFd>) -> (Stats, Explanation) {
 
 /// Raises the black hole's peer and drops everything at its ingress (docs/kernel.md, "This
 /// machine"): the device transmits (taps and TX timestamps run) and nothing is delivered, so a
-/// zero-copy send completes NOT copied unless something on the way copies it.
+/// zero-copy send completes NOT copied unless something on the way copies it. Returns once the
+/// kernel has zc0 operationally up: until its link watch runs (later on a loaded machine) the
+/// device keeps the noop qdisc, which drops before any tap or timestamp.
 fn with_carrier() -> bool {
-    util::run_tool("ip", &["link", "set", "zc1", "up"], None)
+    let ready = util::run_tool("ip", &["link", "set", "zc1", "up"], None)
         && util::run_tool(
             "nft",
             &["-f", "-"],
@@ -45,7 +49,24 @@ fn with_carrier() -> bool {
                 "table netdev bh { chain in { type filter hook ingress device zc1 priority 0; \
                  policy drop; }; }",
             ),
-        )
+        );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ready {
+        let out = std::process::Command::new("ip")
+            .args(["-o", "link", "show", "zc0"])
+            .output()
+            .expect("ip link show");
+        if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "zc0 not operationally up 10 s after its peer: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    ready
 }
 
 fn udp_to(dest: SocketAddr) -> UdpSocket {
@@ -101,16 +122,33 @@ fn an_egress_device_without_checksum_offload_is_named_with_its_fix() {
     });
 }
 
-/// `socket(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL))`, unbound: it captures on every device, as
-/// `tcpdump -i any` does.
-fn capture() -> socket2::Socket {
-    let all = (libc::ETH_P_ALL as u16).to_be() as i32;
-    socket2::Socket::new(
-        socket2::Domain::PACKET,
-        socket2::Type::RAW,
-        Some(socket2::Protocol::from(all)),
-    )
-    .expect("a packet socket (root)")
+/// A capture on `dev` alone: `socket(AF_PACKET, SOCK_RAW, 0)` (no hook yet), then `bind(2)` to
+/// the device with `ETH_P_ALL`, as `tcpdump -i DEV` does. A capture on every device would also
+/// tap other tests' devices (and, on kernels whose capture list is global, other namespaces').
+#[allow(unsafe_code)]
+fn capture_on(dev: &str) -> socket2::Socket {
+    use std::os::fd::AsRawFd;
+    let sock = socket2::Socket::new(socket2::Domain::PACKET, socket2::Type::RAW, None)
+        .expect("a packet socket (root)");
+    let name = std::ffi::CString::new(dev).unwrap();
+    // SAFETY: if_nametoindex reads the NUL-terminated name, which lives until the call returns.
+    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(ifindex, 0, "no device {dev}");
+    // SAFETY: sockaddr_ll is plain data; all zeroes is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
+    sll.sll_ifindex = ifindex as i32;
+    // SAFETY: bind reads `size_of::<sockaddr_ll>()` bytes of the live local `sll`.
+    let rc = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(rc, 0, "bind to {dev}: {}", std::io::Error::last_os_error());
+    sock
 }
 
 #[test]
@@ -121,7 +159,7 @@ fn a_packet_socket_capturing_on_the_egress_device_is_named() {
         }
         let (s, e) = send_some(udp_to(bh.v4));
         assert_true_zero_copy(&s, &e, "no capture");
-        let tap = capture();
+        let tap = capture_on(zerotx_testbed::DEVICE);
         let (s, e) = send_some(udp_to(bh.v4));
         assert_copied(&s, "with a capture");
         says(&e, "1 packet socket captures every frame sent on zc0");
