@@ -50,8 +50,11 @@ fn with_carrier() -> bool {
                  policy drop; }; }",
             ),
         );
+    if !ready {
+        return false;
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ready {
+    loop {
         let out = std::process::Command::new("ip")
             .args(["-o", "link", "show", "zc0"])
             .output()
@@ -66,7 +69,7 @@ fn with_carrier() -> bool {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    ready
+    true
 }
 
 fn udp_to(dest: SocketAddr) -> UdpSocket {
