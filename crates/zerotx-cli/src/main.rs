@@ -24,7 +24,7 @@ use clap::Parser;
 
 fn run() -> anyhow::Result<()> {
     match options::Cli::parse().command {
-        options::Command::Probe { json, explain } => probe::run(json, explain),
+        options::Command::Probe { json, explain, to } => probe::run(json, explain, to.as_deref()),
         options::Command::Bench(args) => {
             let opts = args.check()?;
             let report = bench::run(&opts.bench)?;

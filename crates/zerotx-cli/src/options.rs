@@ -38,6 +38,11 @@ pub enum Command {
         /// private network namespace).
         #[arg(long)]
         explain: bool,
+        /// With --explain, also the way to ADDR (HOST, HOST:PORT, [IPV6]:PORT): the route's
+        /// device, its offloads, captures on it, local delivery. Nothing is sent to ADDR (a UDP
+        /// socket is connected to it, which only looks up the route).
+        #[arg(long, value_name = "ADDR", requires = "explain")]
+        to: Option<String>,
     },
     /// Send generated data or a file to ADDR, iperf3-style, through the zero-copy engines.
     Send(Box<SendArgs>),

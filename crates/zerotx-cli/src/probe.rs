@@ -121,30 +121,63 @@ fn udp_black_hole() -> anyhow::Result<Explanation> {
     })?
 }
 
+/// What an `auto` sender on a UDP socket connected to `to` says before sending anything: the
+/// way out to that address (its route, device, captures), looked up without a packet sent.
+fn the_way_to(to: &str) -> anyhow::Result<Explanation> {
+    let mut last = None;
+    for endpoint in crate::transfer::resolve(to)? {
+        let crate::transfer::Endpoint::Ip(addr) = endpoint else {
+            anyhow::bail!("--to {to:?}: give an IP address or host name; vsock has no route");
+        };
+        let any: std::net::SocketAddr = if addr.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let sock = UdpSocket::bind(any)?;
+        match sock.connect(addr) {
+            Ok(()) => {
+                let tx: Sender<Vec<u8>> = Sender::new(sock, EngineKind::Auto)?;
+                return Ok(tx.explain());
+            }
+            Err(e) => last = Some(anyhow::anyhow!("no route to {addr}: {e}")),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("--to {to:?} resolved to no address")))
+}
+
 /// What `auto` decided on real sockets here, per case: its title and the explanation (or why
-/// it could not be measured).
-fn explanations() -> Vec<(&'static str, anyhow::Result<Explanation>)> {
-    vec![
+/// it could not be measured); with `to`, the way to that address last.
+fn explanations(to: Option<&str>) -> Vec<(String, anyhow::Result<Explanation>)> {
+    let mut cases: Vec<(String, anyhow::Result<Explanation>)> = vec![
         (
-            "TCP to a local peer (loopback), 64 KiB sends",
+            "TCP to a local peer (loopback), 64 KiB sends".into(),
             tcp_loopback(),
         ),
         // Without root the namespace cannot be made, and the case says so.
         (
-            "UDP leaving through a device (a veth in a private network namespace), 63 KiB sends",
+            "UDP leaving through a device (a veth in a private network namespace), 63 KiB sends"
+                .into(),
             udp_black_hole(),
         ),
-    ]
+    ];
+    if let Some(to) = to {
+        cases.push((
+            format!("the way to {to} (nothing sent: the route and what lies on it)"),
+            the_way_to(to),
+        ));
+    }
+    cases
 }
 
 /// Why zero-copy is or is not engaged, in plain words: what `auto` decided on real sockets here.
-pub fn render_explain() -> String {
+pub fn render_explain(to: Option<&str>) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
         "\nwhy zero-copy is or is not engaged (the auto engine, 400 real sends each)"
     );
-    for (title, e) in explanations() {
+    for (title, e) in explanations(to) {
         let _ = writeln!(s, "\n{title}");
         match e {
             Ok(e) => {
@@ -161,8 +194,8 @@ pub fn render_explain() -> String {
 }
 
 /// The explanations as JSON: one object per case.
-fn explain_json() -> serde_json::Value {
-    let cases = explanations()
+fn explain_json(to: Option<&str>) -> serde_json::Value {
+    let cases = explanations(to)
         .into_iter()
         .map(|(title, e)| match e {
             Ok(e) => serde_json::json!({
@@ -178,20 +211,21 @@ fn explain_json() -> serde_json::Value {
     serde_json::Value::Array(cases)
 }
 
-/// Runs the probe and prints it; with `explain`, also what `auto` decides on real sockets.
-pub fn run(json: bool, explain: bool) -> anyhow::Result<()> {
+/// Runs the probe and prints it; with `explain`, also what `auto` decides on real sockets (and
+/// on the way to `to`).
+pub fn run(json: bool, explain: bool, to: Option<&str>) -> anyhow::Result<()> {
     let report = zerotx::probe();
     if json {
         let mut doc = serde_json::to_value(&report)?;
         if explain {
-            doc["explain"] = explain_json();
+            doc["explain"] = explain_json(to);
         }
         outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         out!("{}", render_table(&report));
         // No reader left (`zerotx probe --explain | head -2`): no need to measure more.
         if explain && !crate::stdout::closed() {
-            out!("{}", render_explain());
+            out!("{}", render_explain(to));
         }
     }
     Ok(())

@@ -219,18 +219,20 @@ pub fn children_cpu_time() -> Duration {
     user + system
 }
 
-/// The size in bytes of CPU 0's L2 cache, from sysfs.
+/// The size in bytes of CPU 0's L2 cache, from sysfs (`1024K`: 1024-based, read by
+/// `parse-size` as the CLI reads sizes).
 pub fn l2_cache_bytes() -> Option<usize> {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index2/size").ok()?;
-    let s = s.trim();
-    let (num, mult) = match s.strip_suffix('K') {
-        Some(n) => (n, 1024),
-        None => match s.strip_suffix('M') {
-            Some(n) => (n, 1024 * 1024),
-            None => (s, 1),
-        },
-    };
-    num.parse::<usize>().ok().map(|n| n * mult)
+    cache_size(&s)
+}
+
+/// A cache size as sysfs writes it (`512K`, `2M`, `48`).
+fn cache_size(s: &str) -> Option<usize> {
+    let n = parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .ok()?;
+    usize::try_from(n).ok()
 }
 
 /// What `/proc/self/smaps` says of the mapping of this process that holds `addr`: its
@@ -261,4 +263,15 @@ pub fn mapping_of(addr: usize) -> Option<(u64, String)> {
         }
     }
     Some((huge?, flags.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(super::cache_size("1024K\n"), Some(1 << 20));
+        assert_eq!(super::cache_size("2M"), Some(2 << 20));
+        assert_eq!(super::cache_size("48"), Some(48));
+        assert_eq!(super::cache_size("big"), None);
+    }
 }

@@ -127,6 +127,7 @@ mod addr;
 mod buf;
 mod cmsg;
 mod config;
+mod egress;
 mod engine;
 mod error;
 mod factory;

@@ -239,11 +239,17 @@ impl<B: SendBuf> Sender<B> {
 
     /// Why zero-copy is or is not engaged on this socket, in plain words: the engine and system
     /// calls in use and why, the size from which `auto` sends zero-copy, whether the route copies
-    /// (and when the next probe goes), the caps, and what the counters say so far.
+    /// (and when the next probe goes), the caps, what the counters say so far, and what on the
+    /// socket's way out copies zero-copy sends without the kernel saying why: a peer on this
+    /// machine (loopback, a veth, a bridge, a tap), an egress device without scatter-gather or
+    /// checksum offload, a packet socket capturing on it, TX timestamps without
+    /// `SOF_TIMESTAMPING_OPT_TSONLY`. Looking those up takes a few system calls (an rtnetlink
+    /// route query, `SIOCETHTOOL`, `/proc/net/packet`): call it now and then, not per send.
     pub fn explain(&self) -> Explanation {
         let stats = self.stats();
         let auto = self.engine.explain_facts();
-        explain(self.kind, self.path, &self.notes, auto, &stats)
+        let way = crate::egress::inspect(self.sock());
+        explain(self.kind, self.path, &self.notes, auto, &way, &stats)
     }
 
     /// The engine in use.

@@ -58,10 +58,7 @@ impl<B: SendBuf> CopyEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        if let Some(behind) = self
-            .core
-            .behind(out, |core, out| core.push_head(sock, out))
-        {
+        if let Some(behind) = self.core.behind(out, |core, out| core.push_head(sock, out)) {
             return Err(behind.refuse(buf));
         }
         self.core.try_send_copy(sock, buf, dest, None, out)

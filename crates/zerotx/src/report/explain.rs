@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::copiers::PathFacts;
 use super::Stats;
 use crate::kind::EngineKind;
 
@@ -151,24 +152,28 @@ pub(crate) struct AutoFacts {
 }
 
 /// The explanation of a sender of `engine` over `path`, from the decisions made when it was built
-/// and since (`notes`), `auto`'s policy (`auto`) and the counters.
+/// and since (`notes`), `auto`'s policy (`auto`), what lies on the socket's way out (`way`) and
+/// the counters.
 pub(crate) fn explain(
     engine: EngineKind,
     path: &'static str,
     notes: &[Note],
     auto: Option<AutoFacts>,
+    way: &PathFacts,
     stats: &Stats,
 ) -> Explanation {
     let mut lines: Vec<String> = notes.iter().map(Note::to_string).collect();
-    let mut zerocopy = engine.is_zerocopy() && path != COPY_ONLY;
+    let copies_all = way.copies_all();
+    let mut zerocopy = engine.is_zerocopy() && path != COPY_ONLY && !copies_all;
     if let Some(a) = auto {
         auto_lines(&a, &mut lines);
         if a.next_probe_in.is_some() {
             zerocopy = false;
-        } else if stats.zerocopy > 0 {
+        } else if stats.zerocopy > 0 && !copies_all {
             lines.push("zero-copy is ON: the kernel sends from your buffers".into());
         }
     }
+    lines.extend(way.lines(notes.contains(&Note::Loopback)));
     if let Some(line) = released_line(stats) {
         lines.push(line);
     }
@@ -275,6 +280,10 @@ fn trains_line(stats: &Stats) -> Option<String> {
 mod tests {
     use super::*;
 
+    fn none() -> PathFacts {
+        PathFacts::default()
+    }
+
     fn facts() -> AutoFacts {
         AutoFacts {
             threshold: 16384,
@@ -303,6 +312,7 @@ mod tests {
             SENDMSG,
             &[Note::Asked(EngineKind::Copy)],
             None,
+            &PathFacts::default(),
             &Stats::default(),
         );
         assert!(!x.zerocopy);
@@ -312,7 +322,14 @@ mod tests {
     #[test]
     fn auto_without_zero_copy_on_the_socket_is_not_engaged() {
         let notes = [Note::NoZerocopy("EOPNOTSUPP".into())];
-        let x = explain(EngineKind::Auto, COPY_ONLY, &notes, None, &Stats::default());
+        let x = explain(
+            EngineKind::Auto,
+            COPY_ONLY,
+            &notes,
+            None,
+            &PathFacts::default(),
+            &Stats::default(),
+        );
         assert!(!x.zerocopy);
         assert!(x.to_string().contains("zero-copy not engaged"), "{x}");
     }
@@ -323,14 +340,14 @@ mod tests {
             zerocopy: 3,
             ..Stats::default()
         };
-        let on = explain(EngineKind::Auto, URING, &[], Some(facts()), &stats);
+        let on = explain(EngineKind::Auto, URING, &[], Some(facts()), &none(), &stats);
         assert!(on.zerocopy);
         assert!(on.lines.iter().any(|l| l.starts_with("zero-copy is ON")));
         let probing = AutoFacts {
             next_probe_in: Some(7),
             ..facts()
         };
-        let off = explain(EngineKind::Auto, URING, &[], Some(probing), &stats);
+        let off = explain(EngineKind::Auto, URING, &[], Some(probing), &none(), &stats);
         assert!(!off.zerocopy);
         assert!(off
             .lines
@@ -354,6 +371,7 @@ mod tests {
             SENDMSG,
             &[],
             Some(capped),
+            &PathFacts::default(),
             &Stats::default(),
         );
         let text = x.to_string();

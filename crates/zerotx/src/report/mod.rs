@@ -4,8 +4,10 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+mod copiers;
 mod explain;
 
+pub(crate) use copiers::{Delivery, PathFacts};
 pub use explain::Explanation;
 pub(crate) use explain::{explain, AutoFacts, Note, COPY_ONLY, SENDMSG, URING};
 

@@ -39,6 +39,8 @@ macro_rules! syscall {
     }};
 }
 
+pub(crate) mod egress;
+
 /// Runs `f` again while it fails with `EINTR`: the one place that retries interrupted calls.
 /// Always inlined, so that a call it wraps stays in its caller's frame (see [`send_to`]).
 #[inline(always)]

@@ -494,10 +494,10 @@ impl Output {
         if let Some(x) = &explain {
             // The engine's words, but its first line from what the kernel did: an engine that
             // asks for zero-copy is not "engaged" when the kernel copied every send.
-            let state = if !x.zerocopy {
-                "zero-copy not engaged"
-            } else if by_path.zerocopy == 0 && by_path.copied_kernel > 0 {
+            let state = if by_path.zerocopy == 0 && by_path.copied_kernel > 0 {
                 "zero-copy asked for, but the kernel copied every send"
+            } else if !x.zerocopy {
+                "zero-copy not engaged"
             } else {
                 "zero-copy engaged"
             };
