@@ -38,7 +38,7 @@ pub enum Command {
         /// private network namespace).
         #[arg(long)]
         explain: bool,
-        /// With --explain, also the way to ADDR (HOST, HOST:PORT, [IPV6]:PORT): the route's
+        /// With --explain, also the way to ADDR (HOST, HOST:PORT, `[IPV6]:PORT`): the route's
         /// device, its offloads, captures on it, local delivery. Nothing is sent to ADDR (a UDP
         /// socket is connected to it, which only looks up the route).
         #[arg(long, value_name = "ADDR", requires = "explain")]
