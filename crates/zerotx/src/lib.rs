@@ -137,6 +137,7 @@ mod report;
 mod sender;
 mod socket;
 mod sys;
+mod tcp_info;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
@@ -149,6 +150,7 @@ pub use kind::{EngineKind, Family, SockKind, SockType};
 pub use probe::probe;
 pub use report::{CopyReason, Explanation, Readiness, Released, Report, SendPath, Stats};
 pub use sender::{leaked_buffers, Closed, Sender};
+pub use tcp_info::{tcp_info, TcpInfo};
 
 /// Hooks for zerotx's own tests, fuzzers and benchmarks: not part of the API, may change at any
 /// time.

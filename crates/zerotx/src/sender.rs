@@ -17,10 +17,11 @@ use crate::config::SenderConfig;
 use crate::engine::{Engine, EMPTY_BUFFER};
 use crate::error::{Error, SendError};
 use crate::factory::{build, Built};
-use crate::kind::{EngineKind, SockKind, SockType};
+use crate::kind::{EngineKind, Family, SockKind, SockType};
 use crate::report::{explain, Explanation, Note, Readiness, Released, Stats};
 use crate::socket::Socket;
 use crate::sys;
+use crate::tcp_info::{tcp_info, TcpInfo};
 
 /// [`SendError::Invalid`]'s reason for a send without a destination on an unconnected socket.
 const NOT_CONNECTED: &str = "the datagram socket is not connected: give a destination \
@@ -346,6 +347,26 @@ impl<B: SendBuf> Sender<B> {
     /// Counters.
     pub fn stats(&self) -> Stats {
         self.engine.stats()
+    }
+
+    /// What the kernel says of this sender's TCP connection: retransmits, congestion window,
+    /// round-trip time (`getsockopt(TCP_INFO)`, one system call: see [`TcpInfo`]). Fails with
+    /// `ErrorKind::Unsupported` on a socket that is not TCP.
+    pub fn tcp_info(&self) -> io::Result<TcpInfo> {
+        let sock = self.sock();
+        let tcp = matches!(sock.kind.family, Family::Inet4 | Family::Inet6)
+            && sock.kind.is_stream()
+            && sock.kind.protocol == libc::IPPROTO_TCP;
+        if !tcp {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "TCP_INFO exists only on TCP sockets, and this sender's is {}",
+                    sock.kind
+                ),
+            ));
+        }
+        tcp_info(sock.fd())
     }
 
     /// How long a waiter may sleep on [`readiness`](Self::readiness) before it must look again

@@ -270,6 +270,11 @@ impl<B: SendBuf> AsyncSender<B> {
         self.shared.lock().tx().stats()
     }
 
+    /// What the kernel says of this sender's TCP connection ([`Sender::tcp_info`]).
+    pub fn tcp_info(&self) -> io::Result<crate::TcpInfo> {
+        self.shared.lock().tx().tcp_info()
+    }
+
     /// Sends `buf` on the connected socket: resolves once the sender accepted it, waiting without
     /// blocking the thread while the socket or the zero-copy budget is full. The buffer comes
     /// back later from [`released`](Self::released). An error hands it back.
