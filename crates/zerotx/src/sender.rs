@@ -344,9 +344,9 @@ impl<B: SendBuf> Sender<B> {
         self.engine.held()
     }
 
-    /// Counters.
+    /// Counters, and the zero-copy budget gauges against `auto`'s caps.
     pub fn stats(&self) -> Stats {
-        self.engine.stats()
+        stats_of(&*self.engine)
     }
 
     /// What the kernel says of this sender's TCP connection: retransmits, congestion window,
@@ -600,6 +600,16 @@ impl<B: SendBuf> Sender<B> {
         LEAKED.fetch_add(n as u64, Ordering::Relaxed);
         (released, n)
     }
+}
+
+/// The engine's counters, with `auto`'s caps beside the budget gauges.
+fn stats_of<B: SendBuf>(engine: &dyn Engine<B>) -> Stats {
+    let mut s = engine.stats();
+    if let Some(caps) = engine.auto_policy().map(|p| p.caps()) {
+        s.cap_sends = caps.sends.map(|c| c as u64);
+        s.cap_bytes = caps.bytes.map(|c| c as u64);
+    }
+    s
 }
 
 /// Buffers released with an error, counted by the engine ([`Stats::errors`]): how many there were

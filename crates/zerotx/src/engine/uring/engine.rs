@@ -927,6 +927,8 @@ impl<B: SendBuf> Engine<B> for UringEngine<B> {
 
     fn stats(&self) -> Stats {
         let mut s = self.st.stats;
+        let (pinned, in_flight) = self.st.budget.pinned();
+        (s.pinned_bytes, s.zerocopy_in_flight) = (pinned as u64, in_flight as u64);
         if let Some(auto) = &self.st.auto {
             auto.counts().add_to(&mut s);
         }
