@@ -18,6 +18,7 @@ use crate::engine::{Engine, EMPTY_BUFFER};
 use crate::error::{Error, SendError};
 use crate::factory::{build, Built};
 use crate::kind::{EngineKind, Family, SockKind, SockType};
+use crate::observe::Watch;
 use crate::report::{explain, Explanation, Note, Readiness, Released, Stats};
 use crate::socket::Socket;
 use crate::sys;
@@ -125,6 +126,8 @@ pub struct Sender<B: SendBuf> {
     handed_back: bool,
     /// Buffers released with an error, for [`flush`](Self::flush).
     failures: Failures,
+    /// Log events and metrics (features `tracing`, `metrics`; empty without them).
+    watch: Watch,
 }
 
 impl<B: SendBuf> std::fmt::Debug for Sender<B> {
@@ -154,6 +157,15 @@ impl<B: SendBuf> Sender<B> {
             path,
             notes,
         } = build(&sock, &cfg)?;
+        let watch = Watch::new(&sock, cfg.engine, path, &notes, || {
+            explain(
+                cfg.engine,
+                path,
+                &notes,
+                engine.explain_facts(),
+                &stats_of(&*engine),
+            )
+        });
         Ok(Self {
             sock: Some(sock),
             engine,
@@ -163,6 +175,7 @@ impl<B: SendBuf> Sender<B> {
             ready: Vec::new(),
             handed_back: false,
             failures: Failures::default(),
+            watch,
         })
     }
 
@@ -224,12 +237,14 @@ impl<B: SendBuf> Sender<B> {
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
         if pool.is_huge() && self.kind == EngineKind::Auto {
             if !self.notes.contains(&Note::HugePoolNotRegistered) {
+                self.watch.noted(&Note::HugePoolNotRegistered);
                 self.notes.push(Note::HugePoolNotRegistered);
             }
             return Ok(());
         }
         match self.engine.register_pool(pool) {
             Err(Error::Unsupported { .. }) if self.kind == EngineKind::Auto => {
+                self.watch.noted(&Note::PoolWithoutRegisteredSends);
                 self.notes.push(Note::PoolWithoutRegisteredSends);
                 Ok(())
             }
@@ -318,6 +333,8 @@ impl<B: SendBuf> Sender<B> {
         let progress = engine.progress(sock, out);
         self.failures
             .look(self.engine.stats().errors, &out[before..]);
+        let engine = &*self.engine;
+        self.watch.reaped(|| stats_of(engine), &out[before..]);
         progress?;
         Ok(out.len() - before)
     }
@@ -399,6 +416,9 @@ impl<B: SendBuf> Sender<B> {
         let sock = self.sock.as_ref().expect("socket present until close");
         let progress = self.engine.progress(sock, &mut self.ready);
         self.failures.look(self.engine.stats().errors, &self.ready);
+        // The buffers stay in `ready`: their bytes count when they are reaped.
+        let engine = &*self.engine;
+        self.watch.reaped::<B>(|| stats_of(engine), &[]);
         progress
     }
 
@@ -598,6 +618,8 @@ impl<B: SendBuf> Sender<B> {
         // The engine keeps (leaks) the buffers the kernel may still read.
         let n = self.engine.shutdown(&mut released);
         LEAKED.fetch_add(n as u64, Ordering::Relaxed);
+        let engine = &*self.engine;
+        self.watch.closed(|| stats_of(engine), &released, n);
         (released, n)
     }
 }
