@@ -682,9 +682,17 @@ impl Failures {
 
 impl<B: SendBuf> Drop for Sender<B> {
     fn drop(&mut self) {
-        if self.sock.is_some() && self.engine.held() > 0 {
+        if self.sock.is_none() {
+            return; // closed: `close` gave up already
+        }
+        if self.engine.held() > 0 {
             let _ = self.flush(DROP_TIMEOUT);
             let _ = self.give_up();
+        } else {
+            // Nothing to give up; the watch still publishes its last changes and takes this
+            // sender's gauges off.
+            let engine = &*self.engine;
+            self.watch.closed(|| stats_of(engine), &self.ready, 0);
         }
     }
 }

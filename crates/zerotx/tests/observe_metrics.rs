@@ -165,6 +165,29 @@ fn metrics_scraped_from_the_object_server_match_the_senders_stats() {
         ) as usize,
         sampled
     );
+
+    // A sender dropped without a close, nothing held: what it did since its last reap is
+    // published, and its gauges (`auto`'s cap on `sendmsg(2)`) come off the sums.
+    let auto_before = *servers[0].1.stats.senders.lock().unwrap();
+    let (client, peer) = tcp_pair(false, Peer::default());
+    let cfg = zerotx::SenderConfig::new(EngineKind::Auto).with_auto_uring(false);
+    let mut tx = Sender::with_config(client, cfg).unwrap();
+    tx.send(vec![1u8; 4096]).unwrap();
+    tx.reap(&mut Vec::new()).unwrap();
+    let cap = tx.stats().cap_sends.expect("auto on sendmsg(2) has a cap") as f64;
+    let scraped = scrape(servers[0].1.addr);
+    assert_eq!(value(&scraped, "zerotx_cap_sends", "auto", None), cap);
+    for _ in 0..9 {
+        tx.send(vec![1u8; 4096]).unwrap();
+    }
+    tx.flush(Duration::from_secs(5)).unwrap();
+    let mut all = auto_before;
+    all.merge(&tx.stats());
+    drop(tx);
+    peer.join().unwrap();
+    let scraped = scrape(servers[0].1.addr);
+    assert_eq!(value(&scraped, "zerotx_cap_sends", "auto", None), 0.0);
+    check(&scraped, "auto", &all);
     for (_, running) in servers {
         assert_eq!(running.stop().left_open, 0);
     }
