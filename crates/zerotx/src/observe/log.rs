@@ -38,7 +38,7 @@ impl Log {
         kind: EngineKind,
         path: &'static str,
         notes: &[Note],
-        explain: impl FnOnce() -> crate::Explanation,
+        explain: impl FnOnce() -> crate::report::Explanation,
     ) -> Self {
         let log = Self {
             peer: peer(sock),

@@ -74,7 +74,7 @@ impl Watch {
         kind: EngineKind,
         path: &'static str,
         notes: &[Note],
-        explain: impl FnOnce() -> crate::Explanation,
+        explain: impl FnOnce() -> crate::report::Explanation,
     ) -> Self {
         Self {
             #[cfg(feature = "tracing")]
