@@ -334,7 +334,9 @@ impl<B: SendBuf> Sender<B> {
         self.failures
             .look(self.engine.stats().errors, &out[before..]);
         let engine = &*self.engine;
-        self.watch.reaped(|| stats_of(engine), &out[before..]);
+        let failed = self.failures.first.as_ref();
+        self.watch
+            .reaped(|| stats_of(engine), &out[before..], failed);
         progress?;
         Ok(out.len() - before)
     }
@@ -418,7 +420,8 @@ impl<B: SendBuf> Sender<B> {
         self.failures.look(self.engine.stats().errors, &self.ready);
         // The buffers stay in `ready`: their bytes count when they are reaped.
         let engine = &*self.engine;
-        self.watch.reaped::<B>(|| stats_of(engine), &[]);
+        let failed = self.failures.first.as_ref();
+        self.watch.reaped::<B>(|| stats_of(engine), &[], failed);
         progress
     }
 

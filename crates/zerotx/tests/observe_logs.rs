@@ -274,9 +274,8 @@ fn a_stream_cut_short_is_logged_with_its_error() {
     let (stats, evs) = captured(|| {
         let mut tx = Sender::new(client, EngineKind::Copy).unwrap();
         tx.send(vec![9u8; 1 << 20]).unwrap();
-        let mut out = Vec::new();
-        let _ = tx.wait_released(&mut out, Some(Duration::from_secs(10)));
-        let _ = tx.reap(&mut out);
+        // The usual loop's shape: the flush finds the buffer cut short (before any reap).
+        assert!(tx.flush(Duration::from_secs(10)).is_err());
         let stats = tx.stats();
         drop(tx.close(Duration::from_secs(5)));
         stats
@@ -286,7 +285,7 @@ fn a_stream_cut_short_is_logged_with_its_error() {
     let cut = named(&evs, "stream cut short");
     assert_eq!(cut.len(), 1, "{evs:#?}");
     assert_eq!(cut[0].count(), 1);
-    assert!(!cut[0].field("error").is_empty(), "{cut:?}");
+    assert!(cut[0].field("error").contains("os error"), "{cut:?}");
 }
 
 /// Completions the ledger refuses: a socket whose `MSG_ZEROCOPY` id counter stands at 0 while the

@@ -86,7 +86,13 @@ impl Log {
     }
 
     /// One event per kind of decision whose counter moved between `last` and `now`.
-    pub(super) fn changed<B>(&self, last: &Stats, now: &Stats, released: &[Released<B>]) {
+    pub(super) fn changed<B>(
+        &self,
+        last: &Stats,
+        now: &Stats,
+        released: &[Released<B>],
+        failed: Option<&std::io::Error>,
+    ) {
         let (peer, engine) = (&self.peer, self.engine);
         let moved = |f: fn(&Stats) -> u64| delta(f(last), f(now));
         let n = moved(|s| s.switches_to_copy);
@@ -134,10 +140,12 @@ impl Log {
         }
         let n = moved(|s| s.errors);
         if n > 0 {
-            let error = released
-                .iter()
-                .find_map(|r| r.report.error.as_ref())
-                .map_or_else(|| "(reaped earlier)".to_string(), ToString::to_string);
+            let error = failed
+                .or_else(|| released.iter().find_map(|r| r.report.error.as_ref()))
+                .map_or_else(
+                    || "(taken by an earlier flush)".to_string(),
+                    ToString::to_string,
+                );
             if self.ordered {
                 event!(WARN, %peer, %engine, count = n, %error, "stream cut short");
             } else {

@@ -86,11 +86,17 @@ impl Watch {
         }
     }
 
-    /// After a reap that appended `released`: publishes what changed since the last call
-    /// (`stats` is read only when someone listens).
+    /// After a reap that appended `released` (or a wait that kept its releases for a later
+    /// reap: none): publishes what changed since the last call (`stats` is read only when
+    /// someone listens). `failed`: the first error of a buffer released since the last flush.
     #[cfg_attr(not(any(feature = "tracing", feature = "metrics")), inline(always))]
     #[allow(unused_variables)]
-    pub(crate) fn reaped<B>(&mut self, stats: impl FnOnce() -> Stats, released: &[Released<B>]) {
+    pub(crate) fn reaped<B>(
+        &mut self,
+        stats: impl FnOnce() -> Stats,
+        released: &[Released<B>],
+        failed: Option<&std::io::Error>,
+    ) {
         #[cfg(any(feature = "tracing", feature = "metrics"))]
         {
             #[cfg(feature = "metrics")]
@@ -102,7 +108,7 @@ impl Watch {
             }
             let now = stats();
             #[cfg(feature = "tracing")]
-            self.log.changed(&self.last, &now, released);
+            self.log.changed(&self.last, &now, released, failed);
             #[cfg(feature = "metrics")]
             self.meters.changed(&self.last, &now, released);
             self.last = now;
@@ -129,7 +135,7 @@ impl Watch {
     ) {
         #[cfg(any(feature = "tracing", feature = "metrics"))]
         {
-            self.reaped(stats, released);
+            self.reaped(stats, released, None);
             #[cfg(feature = "tracing")]
             self.log.closed(kept);
             #[cfg(feature = "metrics")]
