@@ -78,3 +78,8 @@ echo "== cargo test --features tokio (async sender, object server with curl and 
 cargo build -p zerotx --features tokio --example object_server
 cargo test -p zerotx --features tokio --test tokio_sender --test tokio_server --test tokio_broken --test tokio_shutdown --test tokio_ring
 cargo test -p zerotx --features tokio --doc tokio
+# Logs (feature `tracing`: a capturing subscriber sees each decision once) and metrics (feature
+# `metrics`: the object server's /metrics, parsed, against the senders' Stats).
+echo "== cargo test --features tracing,metrics (log events, /metrics)"
+cargo test -p zerotx --features tracing --test observe_logs
+cargo test -p zerotx --features tokio,metrics --test observe_metrics

@@ -2,11 +2,16 @@
 //! first `size` bytes of one shared in-memory object (a fixed pattern, so a client can check
 //! it), headers written by copy and bodies sent zero-copy through `zerotx::tokio::AsyncSender`:
 //! each body chunk is a `Bytes::slice` of the shared object, never a copy. `GET /stats` prints
-//! the server's counters (buffers sent and released, ...).
+//! the server's counters (buffers sent and released, ...); `GET /metrics` (built with the
+//! `metrics` feature) answers the library's metrics in Prometheus text, from a
+//! `metrics-exporter-prometheus` recorder the server installs.
 //!
 //! ```sh
 //! cargo run --release -p zerotx --features tokio --example object_server -- --listen 127.0.0.1:8080
 //! curl -s http://127.0.0.1:8080/1M | sha256sum
+//! # With /metrics:
+//! cargo run --release -p zerotx --features tokio,metrics --example object_server -- --listen 127.0.0.1:8080
+//! curl -s http://127.0.0.1:8080/metrics | grep ^zerotx_
 //! # The same server with tokio's write_all (the kernel copies), for comparison:
 //! cargo run --release -p zerotx --features tokio --example object_server -- --listen 127.0.0.1:8080 --engine copy
 //! # Both side by side: N keep-alive clients for T seconds per engine, server CPU per GB:

@@ -117,6 +117,20 @@
 //! out there as one frame, with the socket's protocol (a `SOCK_RAW` buffer holds the link-layer
 //! header; a `SOCK_DGRAM` socket is taken only on an interface without link-layer addresses).
 //!
+//! ## Logs, metrics and the kernel's view
+//! - Feature `tracing`: one log event (target `zerotx`, with the socket's peer) per decision an
+//!   operator asks about: the engine chosen and why, `auto` switching to copy and back, budget
+//!   refusals and holds, the io_uring fallback, a pool not registered, a stream cut short, a
+//!   refused completion, buffers kept at a close. None per send.
+//! - Feature `metrics`: process-wide counters by engine and path (bytes zero-copy, bytes copied
+//!   and why, refusals, probes, switches, kept buffers), budget gauges and a release-latency
+//!   histogram on the `metrics` facade, published at each reap from the sender's [`Stats`]. The
+//!   same gauges are in [`Stats`] (pinned bytes and zero-copy sends in flight, against `auto`'s
+//!   caps); [`Stats::merge`] sums many senders.
+//! - Without either feature nothing of them is compiled in: the send path is the same.
+//! - [`Sender::tcp_info`] ([`tcp_info`] for any TCP socket): retransmits, congestion window,
+//!   round-trip time from `TCP_INFO`.
+//!
 //! [`probe()`] tells what the running host supports and what to tune. How the library is built
 //! (where each piece lives, and why) is in the repository's `docs/architecture.md`.
 #![deny(unsafe_code)]
@@ -133,11 +147,13 @@ mod error;
 mod factory;
 mod kind;
 mod ledger;
+mod observe;
 pub mod probe;
 mod report;
 mod sender;
 mod socket;
 mod sys;
+mod tcp_info;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 
@@ -150,6 +166,7 @@ pub use probe::probe;
 pub use report::{CopyReason, Explanation, Readiness, Released, Report, SendPath, Stats};
 pub use sender::{leaked_buffers, Closed, Sender};
 pub use sys::uring::{UringConfig, UringShared};
+pub use tcp_info::{tcp_info, TcpInfo};
 
 /// Hooks for zerotx's own tests, fuzzers and benchmarks: not part of the API, may change at any
 /// time.

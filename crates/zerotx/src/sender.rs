@@ -18,10 +18,12 @@ use crate::engine::policy::train::{carries_trains, NOT_DATAGRAMS};
 use crate::engine::{Engine, EMPTY_BUFFER};
 use crate::error::{Error, SendError};
 use crate::factory::{build, Built};
-use crate::kind::{EngineKind, SockKind, SockType};
+use crate::kind::{EngineKind, Family, SockKind, SockType};
+use crate::observe::Watch;
 use crate::report::{explain, Explanation, Note, Readiness, Released, Stats};
 use crate::socket::Socket;
 use crate::sys;
+use crate::tcp_info::{tcp_info, TcpInfo};
 
 /// [`SendError::Invalid`]'s reason for a send without a destination on an unconnected socket.
 const NOT_CONNECTED: &str = "the datagram socket is not connected: give a destination \
@@ -125,6 +127,8 @@ pub struct Sender<B: SendBuf> {
     handed_back: bool,
     /// Buffers released with an error, for [`flush`](Self::flush).
     failures: Failures,
+    /// Log events and metrics (features `tracing`, `metrics`; empty without them).
+    watch: Watch,
 }
 
 impl<B: SendBuf> std::fmt::Debug for Sender<B> {
@@ -154,6 +158,16 @@ impl<B: SendBuf> Sender<B> {
             path,
             notes,
         } = build(&sock, &cfg)?;
+        let watch = Watch::new(&sock, cfg.engine, path, &notes, || {
+            explain(
+                cfg.engine,
+                path,
+                &notes,
+                engine.explain_facts(),
+                &crate::egress::inspect(&sock),
+                &stats_of(&*engine),
+            )
+        });
         Ok(Self {
             sock: Some(sock),
             engine,
@@ -163,6 +177,7 @@ impl<B: SendBuf> Sender<B> {
             ready: Vec::new(),
             handed_back: false,
             failures: Failures::default(),
+            watch,
         })
     }
 
@@ -224,12 +239,14 @@ impl<B: SendBuf> Sender<B> {
     pub fn register_pool(&mut self, pool: &BufPool) -> Result<(), Error> {
         if pool.is_huge() && self.kind == EngineKind::Auto {
             if !self.notes.contains(&Note::HugePoolNotRegistered) {
+                self.watch.noted(&Note::HugePoolNotRegistered);
                 self.notes.push(Note::HugePoolNotRegistered);
             }
             return Ok(());
         }
         match self.engine.register_pool(pool) {
             Err(Error::Unsupported { .. }) if self.kind == EngineKind::Auto => {
+                self.watch.noted(&Note::PoolWithoutRegisteredSends);
                 self.notes.push(Note::PoolWithoutRegisteredSends);
                 Ok(())
             }
@@ -400,6 +417,10 @@ impl<B: SendBuf> Sender<B> {
         let progress = engine.progress(sock, out);
         self.failures
             .look(self.engine.stats().errors, &out[before..]);
+        let engine = &*self.engine;
+        let failed = self.failures.first.as_ref();
+        self.watch
+            .reaped(|| stats_of(engine), &out[before..], failed);
         progress?;
         Ok(out.len() - before)
     }
@@ -426,9 +447,29 @@ impl<B: SendBuf> Sender<B> {
         self.engine.held()
     }
 
-    /// Counters.
+    /// Counters, and the zero-copy budget gauges against `auto`'s caps.
     pub fn stats(&self) -> Stats {
-        self.engine.stats()
+        stats_of(&*self.engine)
+    }
+
+    /// What the kernel says of this sender's TCP connection: retransmits, congestion window,
+    /// round-trip time (`getsockopt(TCP_INFO)`, one system call: see [`TcpInfo`]). Fails with
+    /// `ErrorKind::Unsupported` on a socket that is not TCP.
+    pub fn tcp_info(&self) -> io::Result<TcpInfo> {
+        let sock = self.sock();
+        let tcp = matches!(sock.kind.family, Family::Inet4 | Family::Inet6)
+            && sock.kind.is_stream()
+            && sock.kind.protocol == libc::IPPROTO_TCP;
+        if !tcp {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "TCP_INFO exists only on TCP sockets, and this sender's is {}",
+                    sock.kind
+                ),
+            ));
+        }
+        tcp_info(sock.fd())
     }
 
     /// How long a waiter may sleep on [`readiness`](Self::readiness) before it must look again
@@ -461,6 +502,10 @@ impl<B: SendBuf> Sender<B> {
         let sock = self.sock.as_ref().expect("socket present until close");
         let progress = self.engine.progress(sock, &mut self.ready);
         self.failures.look(self.engine.stats().errors, &self.ready);
+        // The buffers stay in `ready`: their bytes count when they are reaped.
+        let engine = &*self.engine;
+        let failed = self.failures.first.as_ref();
+        self.watch.reaped::<B>(|| stats_of(engine), &[], failed);
         progress
     }
 
@@ -665,8 +710,20 @@ impl<B: SendBuf> Sender<B> {
         // The engine keeps (leaks) the buffers the kernel may still read.
         let n = self.engine.shutdown(&mut released);
         LEAKED.fetch_add(n as u64, Ordering::Relaxed);
+        let engine = &*self.engine;
+        self.watch.closed(|| stats_of(engine), &released, n);
         (released, n)
     }
+}
+
+/// The engine's counters, with `auto`'s caps beside the budget gauges.
+fn stats_of<B: SendBuf>(engine: &dyn Engine<B>) -> Stats {
+    let mut s = engine.stats();
+    if let Some(caps) = engine.auto_policy().map(|p| p.caps()) {
+        s.cap_sends = caps.sends.map(|c| c as u64);
+        s.cap_bytes = caps.bytes.map(|c| c as u64);
+    }
+    s
 }
 
 /// Buffers released with an error, counted by the engine ([`Stats::errors`]): how many there were
@@ -717,9 +774,17 @@ impl Failures {
 
 impl<B: SendBuf> Drop for Sender<B> {
     fn drop(&mut self) {
-        if self.sock.is_some() && self.engine.held() > 0 {
+        if self.sock.is_none() {
+            return; // closed: `close` gave up already
+        }
+        if self.engine.held() > 0 {
             let _ = self.flush(DROP_TIMEOUT);
             let _ = self.give_up();
+        } else {
+            // Nothing to give up; the watch still publishes its last changes and takes this
+            // sender's gauges off.
+            let engine = &*self.engine;
+            self.watch.closed(|| stats_of(engine), &self.ready, 0);
         }
     }
 }

@@ -107,3 +107,60 @@ fn copy_datagrams_come_back_at_once_with_the_full_report() {
     );
     assert_eq!(tx.outstanding(), 0);
 }
+
+/// The budget gauges of `Stats`: zero-copy sends a peer that never reads leaves with the kernel
+/// are counted while held (and, on io_uring and `auto`, the bytes they pin), against `auto`'s
+/// caps; once the peer reads everything, they are back at 0.
+#[test]
+fn budget_gauges_count_what_the_kernel_holds_and_fall_back_to_zero() {
+    for kind in [EngineKind::MsgZerocopy, EngineKind::UringZc] {
+        let (client, server) = util::stalled_peer();
+        let mut tx = Sender::new(client, kind).unwrap();
+        let mut sent = 0;
+        while sent < 256 {
+            match tx.try_send(vec![7u8; 64 << 10]) {
+                Ok(()) => sent += 1,
+                Err(zerotx::SendError::WouldBlock(_)) => break,
+                Err(e) => panic!("{kind}: {e}"),
+            }
+        }
+        // io_uring counts a request's pages once its first CQE said what it sent.
+        let mut out = Vec::new();
+        for _ in 0..200 {
+            tx.reap(&mut out).unwrap();
+            if tx.stats().zerocopy_in_flight > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let held = tx.stats();
+        assert!(held.zerocopy_in_flight > 0, "{kind}: {held:?}");
+        assert!(held.zerocopy_in_flight <= sent, "{kind}: {held:?}");
+        if kind == EngineKind::UringZc {
+            assert!(held.pinned_bytes >= 64 << 10, "{kind}: {held:?}");
+        }
+        assert_eq!(
+            (held.cap_sends, held.cap_bytes),
+            (None, None),
+            "{kind}: no auto"
+        );
+        let reader = std::thread::spawn(move || util::receive(server, Peer::default()));
+        tx.flush(Duration::from_secs(10)).unwrap();
+        let done = tx.stats();
+        assert_eq!(
+            (done.zerocopy_in_flight, done.pinned_bytes),
+            (0, 0),
+            "{kind}: {done:?}"
+        );
+        drop(tx.close(Duration::from_secs(5)));
+        assert_eq!(reader.join().unwrap().bytes, sent * (64 << 10), "{kind}");
+    }
+    // `auto` on `sendmsg(2)` shows its cap on sends in flight (from optmem_max) beside them.
+    let (client, peer) = tcp_pair(false, Peer::default());
+    let cfg = zerotx::SenderConfig::new(EngineKind::Auto).with_auto_uring(false);
+    let tx: Sender<Vec<u8>> = Sender::with_config(client, cfg).unwrap();
+    let s = tx.stats();
+    assert!(s.cap_sends.is_some_and(|c| c > 0), "{s:?}");
+    drop(tx);
+    peer.join().unwrap();
+}

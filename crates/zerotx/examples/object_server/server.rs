@@ -109,6 +109,8 @@ pub struct Stats {
     pub bad_requests: AtomicU64,
     /// Connections per engine the sender reports (what `auto` chose, once it exists).
     pub engines: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+    /// The library's counters of every finished connection's sender, merged.
+    pub senders: std::sync::Mutex<zerotx::Stats>,
 }
 
 impl Stats {
@@ -217,6 +219,43 @@ impl Shutdown {
     }
 }
 
+/// Why `/metrics` answers 404.
+const NO_METRICS: &str = "no metrics: built without zerotx's `metrics` feature, or another \
+                          metrics recorder was installed in this process first\n";
+
+/// The process's Prometheus recorder for the `metrics` facade, installed by the first server
+/// (the library publishes its counters there); `None` without the `metrics` feature or when
+/// another recorder was installed first.
+#[cfg(feature = "metrics")]
+pub fn prometheus() -> Option<&'static metrics_exporter_prometheus::PrometheusHandle> {
+    static HANDLE: std::sync::OnceLock<Option<metrics_exporter_prometheus::PrometheusHandle>> =
+        std::sync::OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .ok()
+        })
+        .as_ref()
+}
+
+/// Without the `metrics` feature the library publishes nothing: no `/metrics`.
+#[cfg(not(feature = "metrics"))]
+pub fn prometheus() -> Option<&'static NoMetrics> {
+    None
+}
+
+/// Stands for the recorder's handle in a build without the `metrics` feature.
+#[cfg(not(feature = "metrics"))]
+pub enum NoMetrics {}
+
+#[cfg(not(feature = "metrics"))]
+impl NoMetrics {
+    fn render(&self) -> String {
+        match *self {}
+    }
+}
+
 pub fn spawn(addr: SocketAddr, cfg: Config) -> std::io::Result<Running> {
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
@@ -265,6 +304,8 @@ pub async fn serve(
     stats: Arc<Stats>,
     mut shutdown: Shutdown,
 ) -> Drained {
+    // Installed before the first connection, so every sender's metrics reach it.
+    let _ = prometheus();
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -311,6 +352,11 @@ enum Request {
         body: bool,
     },
     Stats {
+        close: bool,
+        body: bool,
+    },
+    /// `GET /metrics`: the library's metrics in Prometheus text (feature `metrics`).
+    Metrics {
         close: bool,
         body: bool,
     },
@@ -397,6 +443,7 @@ fn parse_request(buf: &[u8]) -> Parsed {
     };
     let r = match req.path.and_then(|t| t.strip_prefix('/')) {
         Some("stats") => Request::Stats { close, body },
+        Some("metrics") => Request::Metrics { close, body },
         Some(s) => match parse_size(s) {
             Some(size) => Request::Object { size, close, body },
             None => Request::Bad("GET /<size>, e.g. /4096, /64K, /1M"),
@@ -456,6 +503,21 @@ fn answer(req: Request, cfg: &Config, object: &Bytes, stats: &Stats) -> Answer {
         Request::Stats { close, body } => {
             let msg = stats.render();
             let mut h = head("200 OK", msg.len(), close, "text/plain");
+            if body {
+                h.extend_from_slice(msg.as_bytes());
+            }
+            Answer {
+                head: h,
+                body: None,
+                close,
+            }
+        }
+        Request::Metrics { close, body } => {
+            let (status, msg) = match prometheus() {
+                Some(handle) => ("200 OK", handle.render()),
+                None => ("404 Not Found", NO_METRICS.to_string()),
+            };
+            let mut h = head(status, msg.len(), close, "text/plain; version=0.0.4");
             if body {
                 h.extend_from_slice(msg.as_bytes());
             }
@@ -708,7 +770,11 @@ async fn finish(tx: AsyncSender<Bytes>, rd: &TcpStream, cfg: &Config, stats: &St
             }
         }
     }
+    let library = tx.stats();
     let closed = tx.close(cfg.close_timeout).await;
+    let mut merged = stats.senders.lock().unwrap_or_else(|e| e.into_inner());
+    merged.merge(&library);
+    drop(merged);
     count(closed.released.into_iter(), stats);
     stats.kept.fetch_add(closed.kept as u64, Relaxed);
 }

@@ -475,6 +475,8 @@ impl<B: SendBuf> SendmsgCore<B> {
     /// [`Engine::stats`](crate::engine::Engine::stats): the counters, with `auto`'s.
     pub(crate) fn stats(&self) -> Stats {
         let mut s = self.stats;
+        s.zerocopy_in_flight = self.ledger.ids_in_flight() as u64;
+        s.pinned_bytes = self.settle.zc_bytes as u64;
         if let Some(auto) = &self.settle.auto {
             auto.counts().add_to(&mut s);
         }

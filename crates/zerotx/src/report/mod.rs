@@ -75,7 +75,8 @@ pub struct Released<B> {
     pub report: Report,
 }
 
-/// Counters for one sender.
+/// Counters for one sender, and its zero-copy budget gauges (what it holds now against its
+/// caps). [`merge`](Self::merge) sums senders' stats, for a process or a server's view.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -138,6 +139,131 @@ pub struct Stats {
     /// `MSG_ZEROCOPY` ids whose completion arrived. Equal to `zerocopy_ids` once everything was
     /// released: every id completed exactly once.
     pub zerocopy_ids_completed: u64,
+    /// Gauge: zero-copy sends the kernel still holds (`MSG_ZEROCOPY` ids or io_uring zero-copy
+    /// requests awaiting their completion). Each holds option memory (`optmem_max`) until then.
+    pub zerocopy_in_flight: u64,
+    /// Gauge: bytes of those sends (pages the kernel keeps pinned, charged to `RLIMIT_MEMLOCK`),
+    /// where the engine counts them: io_uring, and `auto` on `sendmsg(2)`; 0 for `msg-zc`.
+    pub pinned_bytes: u64,
+    /// `auto`'s cap on [`zerocopy_in_flight`](Self::zerocopy_in_flight), if any (half of
+    /// `optmem_max` in completions).
+    pub cap_sends: Option<u64>,
+    /// `auto`'s cap on [`pinned_bytes`](Self::pinned_bytes), if any (half of `RLIMIT_MEMLOCK`).
+    pub cap_bytes: Option<u64>,
+}
+
+impl Stats {
+    /// Adds `other` to these: every counter and gauge summed, and a cap summed where either side
+    /// has one (the merged gauges stay comparable with the merged caps of the senders that have
+    /// caps). For one view of many senders (a server's connections):
+    ///
+    /// ```
+    /// # let senders: Vec<zerotx::Sender<Vec<u8>>> = Vec::new();
+    /// let total = senders.iter().fold(zerotx::Stats::default(), |mut t, s| {
+    ///     t.merge(&s.stats());
+    ///     t
+    /// });
+    /// assert_eq!(total.sends, 0);
+    /// ```
+    pub fn merge(&mut self, other: &Stats) {
+        let Stats {
+            sends,
+            syscalls,
+            bytes,
+            zerocopy,
+            kernel_copied,
+            engine_copied,
+            fallbacks,
+            copied_small,
+            copied_route,
+            copied_budget,
+            probes,
+            probes_paid,
+            switches_to_copy,
+            cap_waits,
+            enobufs,
+            would_block,
+            completions,
+            bad_completions,
+            skipped_messages,
+            errqueue_reads,
+            errors,
+            zerocopy_ids,
+            zerocopy_ids_completed,
+            zerocopy_in_flight,
+            pinned_bytes,
+            cap_sends,
+            cap_bytes,
+            trains,
+            train_splits,
+        } = *other;
+        self.sends += sends;
+        self.syscalls += syscalls;
+        self.bytes += bytes;
+        self.zerocopy += zerocopy;
+        self.kernel_copied += kernel_copied;
+        self.engine_copied += engine_copied;
+        self.fallbacks += fallbacks;
+        self.copied_small += copied_small;
+        self.copied_route += copied_route;
+        self.copied_budget += copied_budget;
+        self.probes += probes;
+        self.trains += trains;
+        self.train_splits += train_splits;
+        self.probes_paid += probes_paid;
+        self.switches_to_copy += switches_to_copy;
+        self.cap_waits += cap_waits;
+        self.enobufs += enobufs;
+        self.would_block += would_block;
+        self.completions += completions;
+        self.bad_completions += bad_completions;
+        self.skipped_messages += skipped_messages;
+        self.errqueue_reads += errqueue_reads;
+        self.errors += errors;
+        self.zerocopy_ids += zerocopy_ids;
+        self.zerocopy_ids_completed += zerocopy_ids_completed;
+        self.zerocopy_in_flight += zerocopy_in_flight;
+        self.pinned_bytes += pinned_bytes;
+        self.cap_sends = add_caps(self.cap_sends, cap_sends);
+        self.cap_bytes = add_caps(self.cap_bytes, cap_bytes);
+    }
+
+    /// Buffers released, by every path.
+    pub fn released(&self) -> u64 {
+        self.zerocopy
+            + self.kernel_copied
+            + self.engine_copied
+            + self.fallbacks
+            + self.copied_small
+            + self.copied_route
+            + self.copied_budget
+    }
+}
+
+/// Two caps summed; a side without a cap adds nothing.
+fn add_caps(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    }
+}
+
+impl std::iter::Sum for Stats {
+    fn sum<I: Iterator<Item = Stats>>(iter: I) -> Stats {
+        iter.fold(Stats::default(), |mut t, s| {
+            t.merge(&s);
+            t
+        })
+    }
+}
+
+impl<'a> std::iter::Sum<&'a Stats> for Stats {
+    fn sum<I: Iterator<Item = &'a Stats>>(iter: I) -> Stats {
+        iter.fold(Stats::default(), |mut t, s| {
+            t.merge(s);
+            t
+        })
+    }
 }
 
 impl Stats {
@@ -169,4 +295,44 @@ pub struct Readiness {
     /// `POLLOUT` (blocked on room in the socket), `POLLIN` (a ring's completions) or 0 (only
     /// completions can help; `POLLERR` is implied).
     pub events: i16,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_sums_every_counter_and_gauge_and_the_caps_that_exist() {
+        let a = Stats {
+            sends: 3,
+            bytes: 300,
+            zerocopy: 2,
+            copied_small: 1,
+            zerocopy_in_flight: 4,
+            pinned_bytes: 4096,
+            cap_sends: Some(10),
+            ..Stats::default()
+        };
+        let b = Stats {
+            sends: 1,
+            bytes: 50,
+            kernel_copied: 1,
+            errors: 1,
+            zerocopy_in_flight: 1,
+            cap_bytes: Some(1 << 20),
+            ..Stats::default()
+        };
+        let mut m = a;
+        m.merge(&b);
+        assert_eq!((m.sends, m.bytes, m.errors), (4, 350, 1));
+        assert_eq!((m.zerocopy, m.kernel_copied, m.copied_small), (2, 1, 1));
+        assert_eq!((m.zerocopy_in_flight, m.pinned_bytes), (5, 4096));
+        assert_eq!((m.cap_sends, m.cap_bytes), (Some(10), Some(1 << 20)));
+        assert_eq!(m.released(), 4);
+        assert_eq!([a, a].iter().sum::<Stats>().cap_sends, Some(20));
+        assert_eq!([a, b].into_iter().sum::<Stats>(), m);
+        // Merging nothing changes nothing.
+        m.merge(&Stats::default());
+        assert_eq!([a, b].into_iter().sum::<Stats>(), m);
+    }
 }

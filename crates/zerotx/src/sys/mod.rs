@@ -83,6 +83,22 @@ pub(crate) fn setsockopt_int(
     Ok(())
 }
 
+/// `getsockopt(fd, IPPROTO_TCP, TCP_INFO)`: the kernel's `struct tcp_info` and how many of its
+/// bytes the kernel wrote (older kernels write fewer fields; the rest stay zero).
+pub(crate) fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<(libc::tcp_info, usize)> {
+    // SAFETY: `tcp_info` is a plain C struct of integers, for which zeroes are valid.
+    let mut info: libc::tcp_info = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    syscall!(getsockopt(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_INFO,
+        (&mut info as *mut libc::tcp_info).cast(),
+        &mut len
+    ))?;
+    Ok((info, len as usize))
+}
+
 /// What `getsockopt(SO_DOMAIN/SO_TYPE/SO_PROTOCOL/SO_ACCEPTCONN)` and `getpeername` say of a socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RawSockInfo {

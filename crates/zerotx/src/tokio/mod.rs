@@ -43,6 +43,11 @@
 //! something else entirely (reading the next request, say). The owner and the task share the
 //! [`Sender`] under a lock held only for non-blocking calls, never across an await.
 //!
+//! tokio-console lists these tasks by name (`zerotx driver (ENGINE)`, `zerotx ring watcher`) in
+//! a build with `RUSTFLAGS="--cfg tokio_unstable"` and zerotx's `tracing` feature, as
+//! tokio-console needs anyway: naming a task takes tokio's unstable `task::Builder`. Any other
+//! build spawns them unnamed, and the default build needs no unstable flag.
+//!
 //! ## Readiness, without busy polling
 //! The driver waits through tokio's reactor on a duplicate of the descriptor
 //! [`Sender::readiness`] names (a duplicate, because the same descriptor cannot be registered
@@ -133,6 +138,29 @@ use crate::socket::SockKind;
 
 use driver::{Leave, Shared, Waker};
 
+/// Spawns one of zerotx's tasks (a sender's driver, a ring's watcher) on `rt`, named so
+/// tokio-console lists it by name: naming takes `tokio::task::Builder`, which tokio has only when
+/// built with `--cfg tokio_unstable` and its `tracing` feature (which zerotx's `tracing` feature
+/// turns on), as tokio-console needs anyway. Any other build spawns it unnamed.
+#[cfg_attr(not(all(tokio_unstable, feature = "tracing")), allow(unused_variables))]
+pub(crate) fn spawn_named<F>(
+    name: &str,
+    task: F,
+    rt: &::tokio::runtime::Handle,
+) -> JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    #[cfg(all(tokio_unstable, feature = "tracing"))]
+    return ::tokio::task::Builder::new()
+        .name(name)
+        .spawn_on(task, rt)
+        .expect("tokio's task::Builder::spawn_on fails only where spawn would panic");
+    #[cfg(not(all(tokio_unstable, feature = "tracing")))]
+    rt.spawn(task)
+}
+
 /// How long the driver of a dropped [`AsyncSender`] goes on collecting completions before it
 /// closes the sender and keeps (leaks) what the kernel still holds.
 pub(crate) const DROP_DEADLINE: Duration = Duration::from_secs(5);
@@ -194,7 +222,11 @@ impl<B: SendBuf> AsyncSender<B> {
             // One registration of the ring's descriptor serves every sender on it.
             let watch = ring::Watch::new(ring, owner, wake.clone())?;
             let shared = Shared::new(tx, wake);
-            let driver = rt.spawn(driver::drive(shared.clone(), Waker::Ring(watch), true));
+            let driver = spawn_named(
+                &format!("zerotx driver ({kind}, shared ring)"),
+                driver::drive(shared.clone(), Waker::Ring(watch), true),
+                &rt,
+            );
             return Ok(Self {
                 shared,
                 driver: Some(driver),
@@ -222,7 +254,11 @@ impl<B: SendBuf> AsyncSender<B> {
             source: e,
         })?;
         let shared = Shared::new(tx, wake);
-        let driver = rt.spawn(driver::drive(shared.clone(), Waker::Fd(io), ring));
+        let driver = spawn_named(
+            &format!("zerotx driver ({kind})"),
+            driver::drive(shared.clone(), Waker::Fd(io), ring),
+            &rt,
+        );
         Ok(Self {
             shared,
             driver: Some(driver),
@@ -268,6 +304,11 @@ impl<B: SendBuf> AsyncSender<B> {
     /// Counters ([`Sender::stats`]).
     pub fn stats(&self) -> Stats {
         self.shared.lock().tx().stats()
+    }
+
+    /// What the kernel says of this sender's TCP connection ([`Sender::tcp_info`]).
+    pub fn tcp_info(&self) -> io::Result<crate::TcpInfo> {
+        self.shared.lock().tx().tcp_info()
     }
 
     /// Sends `buf` on the connected socket: resolves once the sender accepted it, waiting without

@@ -254,7 +254,8 @@ fn start(drivers: Arc<RingDrivers>, runtime: Id) -> Result<Arc<Watcher>, Error> 
         stop: Notify::new(),
         routed,
     });
-    ::tokio::spawn(watch(watcher.clone(), io));
+    let rt = Handle::current();
+    super::spawn_named("zerotx ring watcher", watch(watcher.clone(), io), &rt);
     Ok(watcher)
 }
 

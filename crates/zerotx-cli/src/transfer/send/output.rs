@@ -436,24 +436,10 @@ impl Output {
         }
         // What the engine did, and why.
         let explain = ends.iter().find_map(|e| e.explain.clone());
-        let stats =
-            ends.iter()
-                .filter_map(|e| e.stats)
-                .fold(None, |acc: Option<zerotx::Stats>, s| {
-                    Some(match acc {
-                        None => s,
-                        Some(mut a) => {
-                            a.sends += s.sends;
-                            a.syscalls += s.syscalls;
-                            a.fallbacks += s.fallbacks;
-                            a.enobufs += s.enobufs;
-                            a.probes += s.probes;
-                            a.probes_paid += s.probes_paid;
-                            a.switches_to_copy += s.switches_to_copy;
-                            a
-                        }
-                    })
-                });
+        let stats = ends.iter().filter_map(|e| e.stats).reduce(|mut a, s| {
+            a.merge(&s);
+            a
+        });
         if let Some((_, via)) = &self.file {
             if *via == "sendfile" && by_path.sendfile == 0 && sum > 0 {
                 text.push("file: sendfile(2) was refused by this socket: sent mapped pages through the engine instead".into());

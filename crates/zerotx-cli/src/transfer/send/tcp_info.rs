@@ -2,7 +2,7 @@
 //! (`getsockopt(TCP_INFO)`), sampled by the stream's own thread, which owns the socket, and
 //! published to the main thread for the interval lines.
 
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,36 +25,20 @@ pub struct TcpSample {
 }
 
 impl TcpSample {
-    /// Reads `fd`'s `TCP_INFO`; `None` when it is not a TCP socket (vsock) or the call fails.
+    /// Reads `fd`'s `TCP_INFO` through the library ([`zerotx::tcp_info`]); `None` when it is not
+    /// a TCP socket (vsock) or the call fails.
     #[allow(unsafe_code)]
     pub fn read(fd: RawFd) -> Option<Self> {
-        // SAFETY: `tcp_info` is a plain C struct of integers, for which zeroes are valid.
-        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-        // SAFETY: getsockopt writes at most `len` bytes into `info` and says how many it wrote
-        // in `len`; the fd number only decides which socket it reads (a closed one fails, a
-        // reused number would read another socket: `TcpSampler` samples only while its stream
-        // holds the socket open).
-        let r = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::IPPROTO_TCP,
-                libc::TCP_INFO,
-                (&mut info as *mut libc::tcp_info).cast(),
-                &mut len,
-            )
-        };
-        // Every field read here lies up to `tcpi_total_retrans`, which every kernel since 2.6
-        // writes.
-        let needed = std::mem::offset_of!(libc::tcp_info, tcpi_total_retrans) + 4;
-        if r != 0 || (len as usize) < needed {
-            return None;
-        }
+        // SAFETY: the fd number only decides which socket is read (a closed one fails, a reused
+        // number would read another socket: `TcpSampler` samples only while its stream holds
+        // the socket open), and the borrow ends with this call.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let info = zerotx::tcp_info(fd).ok()?;
         Some(Self {
-            retransmits: u64::from(info.tcpi_total_retrans),
-            cwnd: u64::from(info.tcpi_snd_cwnd) * u64::from(info.tcpi_snd_mss),
-            rtt_us: u64::from(info.tcpi_rtt),
-            rttvar_us: u64::from(info.tcpi_rttvar),
+            retransmits: info.retransmits,
+            cwnd: info.cwnd_bytes(),
+            rtt_us: info.rtt.as_micros() as u64,
+            rttvar_us: info.rttvar.as_micros() as u64,
         })
     }
 }

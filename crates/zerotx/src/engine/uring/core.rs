@@ -225,6 +225,8 @@ impl<B: SendBuf, O: Order> UringCore<B, O> {
 
     pub(super) fn stats(&self) -> Stats {
         let mut s = self.st.stats;
+        let (pinned, in_flight) = self.st.pinned();
+        (s.pinned_bytes, s.zerocopy_in_flight) = (pinned as u64, in_flight as u64);
         if let Some(auto) = &self.st.auto {
             auto.counts().add_to(&mut s);
         }

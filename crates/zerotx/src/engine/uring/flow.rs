@@ -82,6 +82,11 @@ fn op_for<B: SendBuf>(
 }
 
 impl<B, O> State<B, O> {
+    /// Bytes pinned and zero-copy requests in flight against the budget, for `Stats`' gauges.
+    pub(super) fn pinned(&self) -> (usize, usize) {
+        self.budget.pinned()
+    }
+
     /// The state of a sender that joined its ring as `seat`, its requests in `order`: zero-copy
     /// requests when `zc` (with `zc_flags`), `auto` choosing per record when given.
     pub(super) fn new(
