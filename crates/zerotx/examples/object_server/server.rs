@@ -167,19 +167,16 @@ pub fn make_object(size: usize) -> Bytes {
     Bytes::from(v)
 }
 
-/// `4096`, `64K`, `1M`, `1G` (binary units).
+/// `4096`, `64K`, `1M`, `1GiB`: the CLI's size grammar (binary units), from the `parse-size` crate.
 pub fn parse_size(s: &str) -> Option<usize> {
-    let (num, shift) = match s.as_bytes().last()? {
-        b'K' | b'k' => (&s[..s.len() - 1], 10),
-        b'M' | b'm' => (&s[..s.len() - 1], 20),
-        b'G' | b'g' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    num.parse::<usize>().ok()?.checked_mul(1 << shift)
+    let bytes = parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .ok()?;
+    usize::try_from(bytes).ok()
 }
 
 /// A server running on its own runtime thread(s).
-/// A server running on its own thread.
 pub struct Running {
     pub addr: SocketAddr,
     pub stats: Arc<Stats>,
