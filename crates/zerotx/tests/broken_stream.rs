@@ -11,24 +11,7 @@ use std::time::Duration;
 
 use zerotx::{Error, SendError, Sender};
 
-use util::{tcp_pair, Peer};
-
-/// A client whose peer reads about 110 KB, then resets (SO_LINGER 0 and close); the client's
-/// send buffer is small, so a 1 MiB send goes part way and the reset cuts the rest off: that
-/// buffer comes back with the error on every engine.
-pub fn resetting_client() -> (std::net::TcpStream, std::thread::JoinHandle<util::Received>) {
-    let peer = Peer {
-        reset_after: Some(110 << 10),
-        rcvbuf: Some(64 << 10),
-        pause: Duration::from_millis(1),
-        ..Peer::default()
-    };
-    let (client, reader) = tcp_pair(false, peer);
-    socket2::SockRef::from(&client)
-        .set_send_buffer_size(64 << 10)
-        .unwrap();
-    (client, reader)
-}
+use util::resetting_client;
 
 /// What went wrong for `tx` after its first buffer came back with the reset.
 fn after_a_reset(tx: &mut Sender<Arc<[u8]>>, object: &Arc<[u8]>) -> Vec<String> {

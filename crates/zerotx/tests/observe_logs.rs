@@ -261,16 +261,7 @@ fn close_with_buffers_kept_is_logged_with_how_many() {
 /// A peer that resets part way: the buffer it cut short is logged, with the error.
 #[test]
 fn a_stream_cut_short_is_logged_with_its_error() {
-    let peer = Peer {
-        reset_after: Some(110 << 10),
-        rcvbuf: Some(64 << 10),
-        pause: Duration::from_millis(1),
-        ..Peer::default()
-    };
-    let (client, reader) = tcp_pair(false, peer);
-    socket2::SockRef::from(&client)
-        .set_send_buffer_size(64 << 10)
-        .unwrap();
+    let (client, reader) = util::resetting_client();
     let (stats, evs) = captured(|| {
         let mut tx = Sender::new(client, EngineKind::Copy).unwrap();
         tx.send(vec![9u8; 1 << 20]).unwrap();

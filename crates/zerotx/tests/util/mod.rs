@@ -226,6 +226,23 @@ pub fn tcp_pair(v6: bool, peer: Peer) -> (TcpStream, JoinHandle<Received>) {
     (client, handle)
 }
 
+/// A client whose peer reads about 110 KB, then resets (SO_LINGER 0 and close); the client's
+/// send buffer is small, so a 1 MiB send goes part way and the reset cuts the rest off: that
+/// buffer comes back with the error on every engine.
+pub fn resetting_client() -> (TcpStream, JoinHandle<Received>) {
+    let peer = Peer {
+        reset_after: Some(110 << 10),
+        rcvbuf: Some(64 << 10),
+        pause: Duration::from_millis(1),
+        ..Peer::default()
+    };
+    let (client, reader) = tcp_pair(false, peer);
+    socket2::SockRef::from(&client)
+        .set_send_buffer_size(64 << 10)
+        .unwrap();
+    (client, reader)
+}
+
 /// Reads the accepted side `s` as `peer` says, until the sender closes or `peer` resets.
 pub fn receive(mut s: TcpStream, peer: Peer) -> Received {
     if let Some(n) = peer.rcvbuf {
