@@ -383,7 +383,8 @@ fn tbf_qdisc(rate: &str, burst: &str, limit: &str) -> bool {
 #[test]
 fn fragmented_datagrams_go_by_copy_and_drops_lose_nothing() {
     util::in_black_hole(1500, |bh| {
-        if !qdisc_that_drops("200mbit") {
+        // Far below what a sender of 1000/4000 B datagrams does on a slow machine, so drops come.
+        if !qdisc_that_drops("50mbit") {
             return;
         }
         // One at a time, and in batches (msg-zc's datagram loop hands a datagram too large for
