@@ -429,3 +429,51 @@ fn small_stream_copies_on_a_full_socket_go_as_writes() {
         stats.syscalls
     );
 }
+
+/// Large copies on a byte stream whose route copies (loopback): `auto` on io_uring writes them
+/// as `copy` does, one `sendmsg(2)` per run of buffers while the socket takes them, and makes an
+/// io_uring request only for what a short write left (which waits in the kernel for room). A
+/// request per run, whatever the socket's room, is what `uring` makes, not `copy`. Checked with
+/// a fast reader and with a slow one that keeps the socket full; every byte arrives in order
+/// from buffers scribbled on the moment they come back.
+#[test]
+fn large_stream_copies_on_a_copying_route_go_as_writes() {
+    // 128 sends of 256 KiB: below the first probe (after 256 sends), so every request is a copy
+    // and posts one CQE.
+    let (total, block) = (32u64 << 20, 256 << 10);
+    let readers = [
+        ("fast", Peer::checking()),
+        ("slow", Peer::slow(Duration::from_micros(200), 256 << 10)),
+    ];
+    for (reader, peer) in readers {
+        let (client, peer) = tcp_pair(false, peer);
+        let mut tx = Sender::with_config(client, SenderConfig::new(EngineKind::Auto)).unwrap();
+        util::require!(
+            tx.explain().path == "io_uring",
+            "auto chose {}: {}",
+            tx.explain().path,
+            tx.explain()
+        );
+        let ring = tx.readiness().fd;
+        util::pooled_stream(&mut tx, total, block, 16, false);
+        let stats = tx.stats();
+        let requests = cqes_posted(ring).expect("the ring's fdinfo has CqTail");
+        let writes = stats.syscalls - requests;
+        drop(tx);
+        let got = peer.join().unwrap();
+        assert_eq!((got.bytes, got.mismatches), (total, 0), "{reader}: {got:?}");
+        assert_eq!(stats.bytes, total, "{reader}: {stats:?}");
+        assert_eq!(stats.probes, 0, "{reader}: {stats:?}");
+        // Each send finds the one before it gone (a fast reader) or its rest in a request (a
+        // slow one): at least one write per 1 MiB, and a request only after a short write.
+        assert!(
+            writes >= total >> 20,
+            "{reader}: {writes} writes, {requests} requests: {stats:?}"
+        );
+        assert!(
+            requests <= writes,
+            "{reader}: {requests} requests for {writes} writes: requests carry runs, not what \
+             writes left"
+        );
+    }
+}

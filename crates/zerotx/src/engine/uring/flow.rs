@@ -155,7 +155,8 @@ impl<B: SendBuf, O: Order> State<B, O> {
     }
 
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
-    /// `auto`'s small copies on a byte stream are written at once ([`write_now`]).
+    /// `auto`'s copies on a byte stream are written at once ([`write_now`]) where
+    /// [`policy::write_now`] says so.
     ///
     /// [`write_now`]: Self::write_now
     pub(super) fn issue(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
@@ -171,11 +172,10 @@ impl<B: SendBuf, O: Order> State<B, O> {
             let mut zc = self.zc;
             let mut chosen = None;
             let mut copy_reason = None;
-            let mut direct = false;
+            let mut len = 0;
             if let Some(auto) = &mut self.auto {
                 let (first, _) = self.queue.front().expect("queue not empty");
-                let len = first.as_bytes().len();
-                direct = self.order.merge() && policy::write_now(len);
+                len = first.as_bytes().len();
                 let (bytes, sends) = self.budget.pinned();
                 let load = Load { sends, bytes };
                 let choice = auto.choose(len, fixed, load);
@@ -191,7 +191,8 @@ impl<B: SendBuf, O: Order> State<B, O> {
                     Choice::Wait => return Ok(()),
                 }
             }
-            if let (Some(reason), true) = (copy_reason, direct) {
+            let direct = copy_reason.filter(|&r| self.order.merge() && policy::write_now(r, len));
+            if let Some(reason) = direct {
                 // `may_issue` held: nothing of this stream is in the kernel's hands or waiting.
                 if !self.write_now(ring, reason, out)? {
                     return Ok(());
@@ -274,7 +275,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
         Ok(true)
     }
 
-    /// `auto`'s copy of small buffers on a byte stream with nothing of the stream in the kernel's
+    /// `auto`'s copy of buffers on a byte stream with nothing of the stream in the kernel's
     /// hands ([`policy::write_now`]): the queue's front run of them goes in one `sendmsg(2)`
     /// ([`sys::send_gather`], at most [`sys::GATHER_MAX`] buffers and [`sys::GATHER_BYTES`]
     /// bytes, the first buffer whatever its size), as the `copy` engine writes a batch, not as a
@@ -294,11 +295,11 @@ impl<B: SendBuf, O: Order> State<B, O> {
             // Never here: the descriptor goes only when the engine is dropped.
             return self.form_copy(ring, reason);
         };
-        // The small buffers at the front: a large one after them goes as a request.
+        // The buffers at the front that policy writes: one it does not goes as a request.
         let run = (self.queue.iter().take(self.cfg.batch.max(1)))
             .map(|(b, _)| b.as_bytes())
             .enumerate()
-            .take_while(|(i, b)| *i == 0 || policy::write_now(b.len()))
+            .take_while(|(i, b)| *i == 0 || policy::write_now(reason, b.len()))
             .map(|(_, b)| b);
         let slices = sys::gather_run(run);
         let n = slices.len();
