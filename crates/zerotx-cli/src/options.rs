@@ -272,8 +272,9 @@ pub struct BenchArgs {
         allow_hyphen_values = true
     )]
     pub sizes: Option<Vec<String>>,
-    /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
-    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed, raw-train-copy,
+    /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; in trains
+    /// train-auto, train-copy, train-msg-zc, train-uring, train-uring-zc, train-uring-zc-fixed;
+    /// baselines raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed, raw-train-copy,
     /// raw-train-msg-zc [default: the zerotx engines, auto first].
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     pub engines: Option<Vec<String>>,
@@ -281,8 +282,10 @@ pub struct BenchArgs {
     /// raw-uring-zc-fixed: libc and io_uring calls, no abstraction) in the same run.
     #[arg(long)]
     pub baselines: bool,
-    /// Also measure the raw UDP GSO train loops (raw-train-copy, raw-train-msg-zc: one
-    /// `UDP_SEGMENT` call per train of --train datagrams of each size) in the same run.
+    /// Also measure UDP GSO trains of --train datagrams of each size: zerotx's engines through
+    /// `Sender::send_train` (train-auto, train-copy, train-msg-zc, train-uring, train-uring-zc,
+    /// train-uring-zc-fixed; an engine that refuses trains is n/a, with the reason) and the raw
+    /// train loops (raw-train-copy, raw-train-msg-zc: one `UDP_SEGMENT` call per train).
     #[arg(long)]
     pub trains: bool,
     /// Datagrams per train in the train columns, 1 to 128, at most as many as fit 64 KiB
@@ -661,7 +664,23 @@ mod tests {
         ])
         .unwrap();
         let names: Vec<_> = o.bench.engines.iter().map(|e| e.name()).collect();
-        assert_eq!(names, ["copy", "raw-train-copy", "raw-train-msg-zc"]);
+        assert_eq!(
+            names,
+            [
+                "copy",
+                "raw-train-copy",
+                "train-auto",
+                "train-copy",
+                "train-msg-zc",
+                "train-uring",
+                "train-uring-zc",
+                "train-uring-zc-fixed",
+                "raw-train-msg-zc"
+            ]
+        );
+        // zerotx's train columns are trains too: each send as many datagrams as fit 64 KiB.
+        assert_eq!(o.bench.datagrams(Engine::TrainMsgZc, 1472), 44);
+        assert_eq!(o.bench.datagrams(Engine::TrainAuto, 1200), 44);
         assert_eq!(
             o.bench.topologies,
             [
