@@ -116,6 +116,13 @@ pub struct SendArgs {
     /// Parallel streams (connections or UDP sockets), each from its own thread.
     #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
     pub parallel: usize,
+    /// UDP: datagrams per train. N datagrams of --size are cut from one buffer and sent by one
+    /// call (UDP generic segmentation offload, `Sender::send_train`), at most as many as fit
+    /// 64 KiB and 128; --train 1 sends one datagram per call. Where the engine or the path
+    /// refuses trains (EIO, a segment above the MTU), a line says why and the rest goes one
+    /// datagram per call.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_TRAIN)]
+    pub train: usize,
     /// Cap the rate in bits per second across all streams (K, M, G suffixes, 1000-based)
     /// [default: unlimited; with --udp a warning says so, where iperf3 paces UDP to 1 Mbit/s].
     #[arg(long, short = 'b', value_name = "RATE", allow_hyphen_values = true)]
