@@ -346,6 +346,76 @@ fn the_receivers_sequence_check_catches_datagrams_sent_twice() {
     assert_eq!(counts(&r), (20, 0, 10, 0), "{}", r["end"]);
 }
 
+/// `zerotx send ARGS --json` inside the namespace `prefix` runs in; its JSON and its standard
+/// error.
+fn send_in(prefix: &[&str], args: &[&str]) -> (Value, String) {
+    let bin = zerotx_bin().display().to_string();
+    let mut argv: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+    argv.extend([bin, "send".into(), "--json".into()]);
+    argv.extend(args.iter().map(|s| s.to_string()));
+    let o = run(Command::new(&argv[0]).args(&argv[1..]), T);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "zerotx send {args:?} failed: {err}");
+    (serde_json::from_slice(&o.stdout).expect("send's JSON"), err)
+}
+
+#[test]
+fn the_receivers_sequence_check_counts_every_datagram_lost_on_the_way() {
+    if !require(is_root(), "network namespaces need root")
+        || !require(have("nft"), "the drop needs nft (apt-get install nftables)")
+    {
+        return;
+    }
+    // The receiver's namespace drops one UDP packet in 7 at its input hook (the 4th, 11th...):
+    // 70 datagrams one per call lose exactly 10, none of them the last.
+    let ns = Netns::pair();
+    let nft = |rule: &str| {
+        let mut argv = ns.exec(1);
+        argv.extend(["nft", rule]);
+        let o = run(Command::new(argv[0]).args(&argv[1..]), T);
+        assert!(o.status.success(), "nft {rule}: {o:?}");
+    };
+    nft("add table ip t");
+    nft("add chain ip t in { type filter hook input priority 0; }");
+    nft("add rule ip t in udp dport 5201 numgen inc mod 7 == 3 drop");
+    for train in ["1", "7"] {
+        let rx = recv(
+            &ns.exec(1),
+            5201,
+            true,
+            &["-l", "5201", "--udp", "--verify", "--idle", "1"],
+        );
+        send_in(
+            &ns.exec(0),
+            &[
+                "10.77.0.2",
+                "--udp",
+                "--bytes",
+                "98000",
+                "--size",
+                "1400",
+                "--train",
+                train,
+                "--engine",
+                "copy",
+                "-b",
+                "50M",
+            ],
+        );
+        let r = done(rx);
+        let (got, lost, late, corrupt) = counts(&r);
+        assert_eq!((late, corrupt), (0, 0), "--train {train}: {}", r["end"]);
+        if train == "1" {
+            assert_eq!((got, lost), (60, 10), "{}", r["end"]);
+        } else {
+            // Whether the hook sees a train whole or its datagrams, every datagram is either
+            // received or counted lost.
+            assert_eq!(got + lost, 70, "--train 7: {}", r["end"]);
+            assert!(lost > 0, "--train 7: {}", r["end"]);
+        }
+    }
+}
+
 #[test]
 fn a_path_that_refuses_trains_gets_one_datagram_per_call_and_loses_none() {
     if !require(is_root(), "network namespaces need root") {
@@ -361,13 +431,9 @@ fn a_path_that_refuses_trains_gets_one_datagram_per_call_and_loses_none() {
         true,
         &["-l", "5201", "--udp", "--verify", "--idle", "1"],
     );
-    let bin = zerotx_bin().display().to_string();
-    let mut argv: Vec<String> = ns.exec(0).iter().map(|s| s.to_string()).collect();
-    argv.extend(
-        [
-            &bin,
-            "send",
-            "--json",
+    let (s, err) = send_in(
+        &ns.exec(0),
+        &[
             "10.77.0.2",
             "--udp",
             "--bytes",
@@ -378,16 +444,11 @@ fn a_path_that_refuses_trains_gets_one_datagram_per_call_and_loses_none() {
             "copy",
             "-b",
             "100M",
-        ]
-        .map(String::from),
+        ],
     );
-    let o = run(Command::new(&argv[0]).args(&argv[1..]), T);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
     let lines: Vec<&str> = err.lines().filter(|l| l.contains("trains off")).collect();
     assert_eq!(lines.len(), 1, "one line says why: {err}");
     assert!(lines[0].contains("the path refuses them"), "{err}");
-    let s: Value = serde_json::from_slice(&o.stdout).unwrap();
     let trains = &s["end"]["zerotx"]["trains"];
     assert_eq!(trains["sent"], 0, "{trains}");
     assert!(trains["off"].as_str().unwrap().contains("MTU"), "{trains}");
