@@ -116,6 +116,13 @@ pub struct SendArgs {
     /// Parallel streams (connections or UDP sockets), each from its own thread.
     #[arg(long, short = 'P', value_name = "N", default_value_t = 1)]
     pub parallel: usize,
+    /// UDP: datagrams per train. N datagrams of --size are cut from one buffer and sent by one
+    /// call (UDP generic segmentation offload, `Sender::send_train`), at most as many as fit
+    /// 64 KiB and 128; --train 1 sends one datagram per call. Where the engine or the path
+    /// refuses trains (EIO, a segment above the MTU), a line says why and the rest goes one
+    /// datagram per call.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_TRAIN)]
+    pub train: usize,
     /// Cap the rate in bits per second across all streams (K, M, G suffixes, 1000-based)
     /// [default: unlimited; with --udp a warning says so, where iperf3 paces UDP to 1 Mbit/s].
     #[arg(long, short = 'b', value_name = "RATE", allow_hyphen_values = true)]
@@ -272,8 +279,9 @@ pub struct BenchArgs {
         allow_hyphen_values = true
     )]
     pub sizes: Option<Vec<String>>,
-    /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; baselines
-    /// raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed, raw-train-copy,
+    /// Engines, comma-separated: auto, copy, msg-zc, uring, uring-zc, uring-zc-fixed; in trains
+    /// train-auto, train-copy, train-msg-zc, train-uring, train-uring-zc, train-uring-zc-fixed;
+    /// baselines raw-copy, raw-msg-zc, raw-uring-zc-fixed, liburing-zc-fixed, raw-train-copy,
     /// raw-train-msg-zc [default: the zerotx engines, auto first].
     #[arg(long, value_delimiter = ',', value_name = "ENGINES")]
     pub engines: Option<Vec<String>>,
@@ -281,8 +289,10 @@ pub struct BenchArgs {
     /// raw-uring-zc-fixed: libc and io_uring calls, no abstraction) in the same run.
     #[arg(long)]
     pub baselines: bool,
-    /// Also measure the raw UDP GSO train loops (raw-train-copy, raw-train-msg-zc: one
-    /// `UDP_SEGMENT` call per train of --train datagrams of each size) in the same run.
+    /// Also measure UDP GSO trains of --train datagrams of each size: zerotx's engines through
+    /// `Sender::send_train` (train-auto, train-copy, train-msg-zc, train-uring, train-uring-zc,
+    /// train-uring-zc-fixed; an engine that refuses trains is n/a, with the reason) and the raw
+    /// train loops (raw-train-copy, raw-train-msg-zc: one `UDP_SEGMENT` call per train).
     #[arg(long)]
     pub trains: bool,
     /// Datagrams per train in the train columns, 1 to 128, at most as many as fit 64 KiB
@@ -661,7 +671,23 @@ mod tests {
         ])
         .unwrap();
         let names: Vec<_> = o.bench.engines.iter().map(|e| e.name()).collect();
-        assert_eq!(names, ["copy", "raw-train-copy", "raw-train-msg-zc"]);
+        assert_eq!(
+            names,
+            [
+                "copy",
+                "raw-train-copy",
+                "train-auto",
+                "train-copy",
+                "train-msg-zc",
+                "train-uring",
+                "train-uring-zc",
+                "train-uring-zc-fixed",
+                "raw-train-msg-zc"
+            ]
+        );
+        // zerotx's train columns are trains too: each send as many datagrams as fit 64 KiB.
+        assert_eq!(o.bench.datagrams(Engine::TrainMsgZc, 1472), 44);
+        assert_eq!(o.bench.datagrams(Engine::TrainAuto, 1200), 44);
         assert_eq!(
             o.bench.topologies,
             [

@@ -72,7 +72,16 @@ impl<'a> Cells<'a> {
             Engine::RawUringZcFixed => {
                 raw::RawUringZcFixed::new(fd, &pool, size, b).and_then(|r| measure(r, d, b))
             }
-            _ => ZerotxDriver::new(fd, engine, &pool, size, b).and_then(|z| measure(z, d, b)),
+            _ => {
+                // zerotx's train columns send each buffer as one train of `size`-byte datagrams.
+                let segment = engine
+                    .is_train()
+                    .then(|| u16::try_from(size))
+                    .transpose()
+                    .with_context(|| format!("a {size} B datagram does not fit a train segment"))?;
+                ZerotxDriver::new(fd, engine, &pool, size * datagrams, segment, b)
+                    .and_then(|z| measure(z, d, b))
+            }
         };
         // The run closed its socket either way: take the sink's report now, or the next run
         // would read this one's.

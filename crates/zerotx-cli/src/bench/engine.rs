@@ -35,16 +35,34 @@ pub enum Engine {
     /// `raw-train-msg-zc`: a bare `send(MSG_ZEROCOPY)` loop of UDP GSO trains, one completion id
     /// per train.
     RawTrainMsgZc,
+    /// `train-auto`: zerotx's `auto`, one [`Sender::send_train`](zerotx::Sender::send_train) per
+    /// train.
+    TrainAuto,
+    /// `train-copy`: zerotx's `copy`, trains by `send_train` (GSO without zero-copy).
+    TrainCopy,
+    /// `train-msg-zc`: zerotx's `msg-zc`, trains by `send_train` (`MSG_ZEROCOPY`, one id per
+    /// train).
+    TrainMsgZc,
+    /// `train-uring`: zerotx's `uring`, trains by `send_train`.
+    TrainUring,
+    /// `train-uring-zc`: zerotx's `uring-zc`, trains by `send_train`.
+    TrainUringZc,
+    /// `train-uring-zc-fixed`: zerotx's `uring-zc` from the registered ring, trains by
+    /// `send_train`.
+    TrainUringZcFixed,
 }
 
 impl Engine {
     /// Registers its buffer ring with io_uring (so the ring must be on small pages). `auto`
     /// offers the ring for registration too, but takes a huge one as unregistered.
     pub fn registers_ring(self) -> bool {
-        matches!(self, Engine::UringZcFixed | Engine::RawUringZcFixed)
+        matches!(
+            self,
+            Engine::UringZcFixed | Engine::RawUringZcFixed | Engine::TrainUringZcFixed
+        )
     }
 
-    /// zerotx's engines: the default columns.
+    /// zerotx's engines: the default columns, `auto` first.
     pub const ZEROTX: [Engine; 6] = [
         Engine::Auto,
         Engine::Copy,
@@ -57,18 +75,48 @@ impl Engine {
     /// The minimal senders written for the comparison (`--baselines`).
     pub const RAW: [Engine; 3] = [Engine::RawCopy, Engine::RawMsgZc, Engine::RawUringZcFixed];
 
-    /// The raw UDP GSO train loops (`--trains`): the baselines of datagram trains. zerotx's own
-    /// train columns join them here and in [`is_train`](Self::is_train); `Cells` gives every
-    /// train column a ring of `size x datagrams`-byte buffers and the datagram count.
-    pub const TRAINS: [Engine; 2] = [Engine::RawTrainCopy, Engine::RawTrainMsgZc];
+    /// The train columns (`--trains`): zerotx's engines sending UDP GSO trains through
+    /// `Sender::send_train`, and the raw train loops, their baselines. `Cells` gives every train
+    /// column a ring of `size x datagrams`-byte buffers and the datagram count.
+    pub const TRAINS: [Engine; 8] = [
+        Engine::TrainAuto,
+        Engine::TrainCopy,
+        Engine::TrainMsgZc,
+        Engine::TrainUring,
+        Engine::TrainUringZc,
+        Engine::TrainUringZcFixed,
+        Engine::RawTrainCopy,
+        Engine::RawTrainMsgZc,
+    ];
 
     /// Whether one send is a train of datagrams of the cell's size (one `UDP_SEGMENT` call).
     pub fn is_train(self) -> bool {
-        matches!(self, Engine::RawTrainCopy | Engine::RawTrainMsgZc)
+        matches!(
+            self,
+            Engine::RawTrainCopy
+                | Engine::RawTrainMsgZc
+                | Engine::TrainAuto
+                | Engine::TrainCopy
+                | Engine::TrainMsgZc
+                | Engine::TrainUring
+                | Engine::TrainUringZc
+                | Engine::TrainUringZcFixed
+        )
     }
 
+    /// zerotx's train columns, `train-auto` first: the [`ZEROTX`](Self::ZEROTX) engines sending
+    /// trains.
+    pub const ZEROTX_TRAINS: [Engine; 6] = [
+        Engine::TrainAuto,
+        Engine::TrainCopy,
+        Engine::TrainMsgZc,
+        Engine::TrainUring,
+        Engine::TrainUringZc,
+        Engine::TrainUringZcFixed,
+    ];
+
     /// Every column, in table order.
-    pub const ALL: [Engine; 12] = [
+    pub const ALL: [Engine; 18] = [
         Engine::Auto,
         Engine::Copy,
         Engine::MsgZc,
@@ -79,6 +127,12 @@ impl Engine {
         Engine::RawMsgZc,
         Engine::RawUringZcFixed,
         Engine::LiburingZcFixed,
+        Engine::TrainAuto,
+        Engine::TrainCopy,
+        Engine::TrainMsgZc,
+        Engine::TrainUring,
+        Engine::TrainUringZc,
+        Engine::TrainUringZcFixed,
         Engine::RawTrainCopy,
         Engine::RawTrainMsgZc,
     ];
@@ -98,6 +152,12 @@ impl Engine {
             Engine::LiburingZcFixed => "liburing-zc-fixed",
             Engine::RawTrainCopy => "raw-train-copy",
             Engine::RawTrainMsgZc => "raw-train-msg-zc",
+            Engine::TrainAuto => "train-auto",
+            Engine::TrainCopy => "train-copy",
+            Engine::TrainMsgZc => "train-msg-zc",
+            Engine::TrainUring => "train-uring",
+            Engine::TrainUringZc => "train-uring-zc",
+            Engine::TrainUringZcFixed => "train-uring-zc-fixed",
         }
     }
 }

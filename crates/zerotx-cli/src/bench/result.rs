@@ -5,12 +5,20 @@ use serde::Serialize;
 use super::settings::DEFAULT_BATCH;
 use super::Engine;
 
-/// Each zerotx engine and the minimal sender it is judged against (issue 8's acceptance).
-pub const BASELINE_PAIRS: [(&str, &str); 4] = [
+/// Each zerotx engine and the minimal sender it is judged against (issue 8's acceptance); each
+/// of zerotx's train columns and the raw train loop that makes the same kind of send (a copy
+/// train, or a zero-copy one).
+pub const BASELINE_PAIRS: [(&str, &str); 10] = [
     ("copy", "raw-copy"),
     ("msg-zc", "raw-msg-zc"),
     ("uring-zc-fixed", "raw-uring-zc-fixed"),
     ("uring-zc-fixed", "liburing-zc-fixed"),
+    ("train-copy", "raw-train-copy"),
+    ("train-uring", "raw-train-copy"),
+    ("train-msg-zc", "raw-train-msg-zc"),
+    ("train-uring-zc", "raw-train-msg-zc"),
+    ("train-uring-zc-fixed", "raw-train-msg-zc"),
+    ("train-auto", "raw-train-msg-zc"),
 ];
 
 /// One timed run of one cell.
@@ -328,13 +336,19 @@ impl TopologyResult {
 
     /// The fastest of zerotx's single engines (not `auto`) at `size`, and its throughput.
     pub fn best_single(&self, size: usize) -> Option<(&str, f64)> {
+        self.fastest_of(&Engine::ZEROTX[1..], size)
+    }
+
+    /// The fastest of zerotx's train columns (not `train-auto`) at `size`, and its throughput.
+    pub fn best_train(&self, size: usize) -> Option<(&str, f64)> {
+        self.fastest_of(&Engine::ZEROTX_TRAINS[1..], size)
+    }
+
+    /// The fastest of `among` that ran here at `size`.
+    fn fastest_of(&self, among: &[Engine], size: usize) -> Option<(&str, f64)> {
         self.engines
             .iter()
-            .filter(|e| {
-                Engine::ZEROTX
-                    .iter()
-                    .any(|z| *z != Engine::Auto && z.name() == e.as_str())
-            })
+            .filter(|e| among.iter().any(|z| z.name() == e.as_str()))
             .filter_map(|e| Some((e.as_str(), self.mb_s(e, size)?)))
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
@@ -343,6 +357,13 @@ impl TopologyResult {
     pub fn auto_ratio(&self, size: usize) -> Option<f64> {
         let (_, best) = self.best_single(size)?;
         let auto = self.mb_s("auto", size)?;
+        (best > 0.0).then(|| auto / best)
+    }
+
+    /// `train-auto`'s throughput over the best of zerotx's other train columns at `size`.
+    pub fn train_auto_ratio(&self, size: usize) -> Option<f64> {
+        let (_, best) = self.best_train(size)?;
+        let auto = self.mb_s("train-auto", size)?;
         (best > 0.0).then(|| auto / best)
     }
 

@@ -20,6 +20,14 @@ pub const PAYS: f64 = 1.05;
 /// The engines that ask the kernel to send from the caller's memory.
 pub const ZERO_COPY: [&str; 3] = ["msg-zc", "uring-zc", "uring-zc-fixed"];
 
+/// zerotx's train columns that ask for zero-copy (`train-auto` may).
+pub const ZERO_COPY_TRAINS: [&str; 4] = [
+    "train-auto",
+    "train-msg-zc",
+    "train-uring-zc",
+    "train-uring-zc-fixed",
+];
+
 /// Where zero-copy pays: from `size` on, at every larger size measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pays {
@@ -52,6 +60,28 @@ pub enum ZeroCopy {
     NotCompared,
 }
 
+/// What zerotx's fastest train column did at one size against one `copy` send per datagram.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainAt {
+    /// Datagram size.
+    pub size: usize,
+    /// The fastest of zerotx's train columns there (not `train-auto`).
+    pub engine: String,
+    /// Its throughput over per-datagram `copy`'s.
+    pub ratio: f64,
+    /// Its sender CPU, seconds per GB.
+    pub cpu_s_per_gb: f64,
+    /// Per-datagram `copy`'s sender CPU, seconds per GB.
+    pub copy_cpu_s_per_gb: f64,
+}
+
+impl TrainAt {
+    /// Whether trains pay here: at least [`PAYS`] times copy's throughput.
+    pub fn pays(&self) -> bool {
+        self.ratio >= PAYS
+    }
+}
+
 /// One topology's verdict.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
@@ -61,6 +91,11 @@ pub struct Verdict {
     pub use_engine: Option<String>,
     /// Sizes where `auto` stayed under [`AUTO_TARGET`]: size, its ratio, the faster engine.
     pub auto_misses: Vec<(usize, f64, String)>,
+    /// Sizes where `train-auto` stayed under [`AUTO_TARGET`] of the fastest of zerotx's other
+    /// train columns: size, its ratio, that column.
+    pub train_auto_misses: Vec<(usize, f64, String)>,
+    /// zerotx's trains against one `copy` send per datagram, at each size where both ran.
+    pub trains: Vec<TrainAt>,
     /// Zero-copy against copy.
     pub zero_copy: ZeroCopy,
     /// Share of the zero-copy engines' sends that the kernel copied, if they sent any.
@@ -131,32 +166,69 @@ fn fastest_most_often(t: &TopologyResult) -> Option<String> {
     wins.iter().find(|w| w.1 == most).map(|w| w.0.to_string())
 }
 
+/// zerotx's fastest train column at each size, against per-datagram `copy`.
+fn trains(t: &TopologyResult) -> Vec<TrainAt> {
+    let cpu = |e: &str, size| {
+        t.cell(e, size)
+            .filter(|c| c.error.is_none() && !c.runs.is_empty())
+            .map(|c| c.cpu_s_per_gb)
+    };
+    t.sizes
+        .iter()
+        .filter_map(|&size| {
+            let (engine, _) = t.best_train(size)?;
+            Some(TrainAt {
+                size,
+                engine: engine.to_string(),
+                ratio: over_copy(t, engine, size)?,
+                cpu_s_per_gb: cpu(engine, size)?,
+                copy_cpu_s_per_gb: cpu("copy", size)?,
+            })
+        })
+        .collect()
+}
+
+/// Sizes where `ratio` (an `auto` column over the fastest of `best`) misses [`AUTO_TARGET`].
+fn misses(
+    t: &TopologyResult,
+    ratio: impl Fn(usize) -> Option<f64>,
+    best: impl Fn(usize) -> Option<String>,
+) -> Vec<(usize, f64, String)> {
+    t.sizes
+        .iter()
+        .filter_map(|&s| {
+            let r = ratio(s)?;
+            auto_misses(r).then(|| Some((s, r, best(s)?)))?
+        })
+        .collect()
+}
+
 /// The verdict on `t`; `None` for a topology that did not run.
 pub fn of(t: &TopologyResult) -> Option<Verdict> {
     if t.skipped.is_some() || t.cells.iter().all(|c| c.runs.is_empty()) {
         return None;
     }
     let auto_ran = t.sizes.iter().any(|&s| t.mb_s("auto", s).is_some());
-    let auto_misses = t
-        .sizes
-        .iter()
-        .filter_map(|&s| {
-            let r = t.auto_ratio(s)?;
-            let (best, _) = t.best_single(s)?;
-            auto_misses(r).then(|| (s, r, best.to_string()))
-        })
-        .collect();
+    let auto_misses = misses(
+        t,
+        |s| t.auto_ratio(s),
+        |s| t.best_single(s).map(|b| b.0.to_string()),
+    );
+    let train_auto_misses = misses(
+        t,
+        |s| t.train_auto_ratio(s),
+        |s| t.best_train(s).map(|b| b.0.to_string()),
+    );
     let use_engine = if auto_ran {
         Some("auto".to_string())
     } else {
         fastest_most_often(t)
     };
     let (mut zc, mut copied) = (0u64, 0u64);
-    for c in t
-        .cells
-        .iter()
-        .filter(|c| ZERO_COPY.contains(&c.engine.as_str()) || c.engine == "auto")
-    {
+    for c in t.cells.iter().filter(|c| {
+        let e = c.engine.as_str();
+        ZERO_COPY.contains(&e) || ZERO_COPY_TRAINS.contains(&e) || e == "auto"
+    }) {
         zc += c.zerocopy;
         copied += c.kernel_copied;
     }
@@ -164,6 +236,8 @@ pub fn of(t: &TopologyResult) -> Option<Verdict> {
         topology: t.name.clone(),
         use_engine,
         auto_misses,
+        train_auto_misses,
+        trains: trains(t),
         zero_copy: zero_copy(t),
         kernel_copied: (zc + copied > 0).then(|| copied as f64 / (zc + copied) as f64),
     })
@@ -287,6 +361,63 @@ mod tests {
             of(&topology([1.0; 3], [1.0; 3], 0)).unwrap().kernel_copied,
             Some(0.0)
         );
+    }
+
+    #[test]
+    fn trains_are_named_where_they_pay_and_train_auto_is_held_to_the_best_train() {
+        // copy at 1000 MB/s; train-copy at 2x and 0.9x, train-msg-zc at 20x and 1.02x;
+        // train-auto at 0.9 and 1.0 of the best train; a refusing column and the raw loop do
+        // not count as zerotx's best.
+        let sizes = vec![1200, 1472];
+        let mut cells = Vec::new();
+        for (i, &s) in sizes.iter().enumerate() {
+            let (tc, tz, ta) = [(2.0, 20.0, 0.9), (0.9, 1.02, 1.0)][i];
+            cells.push(cell("copy", s, 1000.0, 0, 0));
+            cells.push(cell("train-copy", s, 1000.0 * tc, 0, 0));
+            cells.push(cell("train-msg-zc", s, 1000.0 * tz, 100, 0));
+            cells.push(cell("train-auto", s, 1000.0 * tz * ta, 100, 0));
+            cells.push(Cell::summarise(
+                "train-uring",
+                s,
+                vec![],
+                Some("refuses".into()),
+            ));
+            cells.push(cell("raw-train-msg-zc", s, 1000.0 * 50.0, 100, 0));
+        }
+        let t = TopologyResult {
+            name: "udp-carrier".into(),
+            sizes,
+            engines: [
+                "copy",
+                "train-copy",
+                "train-msg-zc",
+                "train-auto",
+                "train-uring",
+                "raw-train-msg-zc",
+            ]
+            .map(String::from)
+            .to_vec(),
+            cells,
+            ..TopologyResult::default()
+        };
+        let v = of(&t).unwrap();
+        let got: Vec<(usize, &str, bool)> = v
+            .trains
+            .iter()
+            .map(|a| (a.size, a.engine.as_str(), a.pays()))
+            .collect();
+        assert_eq!(
+            got,
+            [(1200, "train-msg-zc", true), (1472, "train-msg-zc", false)]
+        );
+        assert!((v.trains[0].ratio - 20.0).abs() < 1e-9);
+        assert_eq!(v.train_auto_misses.len(), 1, "{:?}", v.train_auto_misses);
+        let (size, r, best) = &v.train_auto_misses[0];
+        assert_eq!((*size, best.as_str()), (1200, "train-msg-zc"));
+        assert!((r - 0.9).abs() < 1e-9);
+        // No auto column: no per-datagram misses; train-msg-zc's sends count as zero-copy.
+        assert!(v.auto_misses.is_empty());
+        assert_eq!(v.kernel_copied, Some(0.0));
     }
 
     #[test]

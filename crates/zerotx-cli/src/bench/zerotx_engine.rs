@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use zerotx::{
-    BufPool, CopyReason, EngineKind, PooledBuf, Released, SendPath, Sender, SenderConfig,
+    BufPool, CopyReason, EngineKind, PooledBuf, Released, SendError, SendPath, Sender, SenderConfig,
 };
 
 use super::runner::{ring_blocks, Counters, Driver, Latencies, FLUSH_TIMEOUT, WAIT_SLICE};
@@ -31,6 +31,12 @@ fn kind(engine: Engine) -> Option<(EngineKind, bool)> {
         Engine::Uring => (EngineKind::Uring, false),
         Engine::UringZc => (EngineKind::UringZc, false),
         Engine::UringZcFixed => (EngineKind::UringZc, true),
+        Engine::TrainAuto => (EngineKind::Auto, true),
+        Engine::TrainCopy => (EngineKind::Copy, false),
+        Engine::TrainMsgZc => (EngineKind::MsgZerocopy, false),
+        Engine::TrainUring => (EngineKind::Uring, false),
+        Engine::TrainUringZc => (EngineKind::UringZc, false),
+        Engine::TrainUringZcFixed => (EngineKind::UringZc, true),
         _ => return None,
     })
 }
@@ -93,6 +99,9 @@ pub struct ZerotxDriver {
     batch: VecDeque<PooledBuf>,
     /// Buffers per `send_batch` call.
     per_batch: usize,
+    /// A train column's datagram size: each buffer goes as one train of `segment`-byte datagrams
+    /// through [`Sender::send_train`].
+    segment: Option<u16>,
     out: Vec<Released<PooledBuf>>,
     /// How the buffers released by the final flush went, by [`way`] (for `auto`).
     tail: [u64; WAYS],
@@ -101,12 +110,14 @@ pub struct ZerotxDriver {
 
 impl ZerotxDriver {
     /// A sender for `engine` (one of zerotx's) over `sock`, sending `size` bytes from `pool`,
-    /// `batch` buffers per call (and per `io_uring_enter`).
+    /// `batch` buffers per call (and per `io_uring_enter`); with `segment`, each buffer as one
+    /// train of datagrams of that size, one `send_train` each.
     pub fn new(
         sock: OwnedFd,
         engine: Engine,
         pool: &BufPool,
         size: usize,
+        segment: Option<u16>,
         batch: usize,
     ) -> anyhow::Result<Self> {
         let (kind, fixed) = kind(engine).context("not a zerotx engine")?;
@@ -130,6 +141,7 @@ impl ZerotxDriver {
             queued: 0,
             batch: VecDeque::with_capacity(batch),
             per_batch: batch,
+            segment,
             out: Vec::with_capacity(1024),
             tail: [0; WAYS],
             flushing: false,
@@ -148,9 +160,34 @@ impl ZerotxDriver {
                 let buf = self.free.pop_front().expect("queued from the free buffers");
                 self.batch.push_back(buf);
             }
-            self.tx
-                .send_batch(&mut self.batch)
-                .map_err(std::io::Error::from)?;
+            match self.segment {
+                None => self
+                    .tx
+                    .send_batch(&mut self.batch)
+                    .map_err(std::io::Error::from)?,
+                Some(segment) => self.send_trains(segment)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the batch's buffers as trains, one [`Sender::send_train`] each. A refusal
+    /// ([`SendError::Invalid`]: this engine sends no trains) fails the run with the library's
+    /// reason, which the table shows as the cell's error (its figures n/a).
+    fn send_trains(&mut self, segment: u16) -> anyhow::Result<()> {
+        while let Some(buf) = self.batch.pop_front() {
+            let Err(e) = self.tx.send_train(buf, segment) else {
+                continue;
+            };
+            let why = match &e {
+                SendError::Invalid { reason, .. } => format!("refuses trains: {reason}"),
+                SendError::Io { error, .. } => format!("a train failed: {error}"),
+                _ => "a blocking train came back unsent".into(),
+            };
+            // Nothing is lost: the buffer and the rest of the batch go back to the free list.
+            self.free.push_front(e.into_inner());
+            self.free.extend(self.batch.drain(..));
+            bail!("the engine {why}");
         }
         Ok(())
     }

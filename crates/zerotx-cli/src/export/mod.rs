@@ -207,6 +207,52 @@ pub mod sample {
         }])
     }
 
+    /// A carrier topology with `--trains`: per-datagram copy and msg-zc, zerotx's train columns
+    /// (io_uring's refusing trains, `train-auto` close behind the best) and the raw train loops.
+    pub fn with_trains() -> Report {
+        let refused = "the engine refuses trains: the io_uring engines do not send trains yet";
+        let mut cells = Vec::new();
+        // A train's CPU: 0.05 s per GB, a tenth of per-datagram copy's.
+        let train_run = |mb: f64, zc, ec| Run {
+            cpu_seconds: mb / 20000.0,
+            ..run(mb, zc, 0, ec)
+        };
+        for (size, copy, train) in [(1200, 650.0, 15000.0), (1472, 700.0, 19000.0)] {
+            let mut auto = train_run(train * 0.97, 1000, 0);
+            auto.chosen = Some("msg-zc".into());
+            cells.extend([
+                cell("copy", size, run(copy, 0, 0, 1000)),
+                cell("msg-zc", size, run(copy * 0.8, 1000, 0, 0)),
+                cell("train-auto", size, auto),
+                cell("train-copy", size, train_run(train * 0.85, 0, 1000)),
+                cell("train-msg-zc", size, train_run(train, 1000, 0)),
+                Cell::summarise("train-uring", size, vec![], Some(refused.into())),
+                cell("raw-train-copy", size, train_run(train * 0.86, 0, 1000)),
+                cell("raw-train-msg-zc", size, train_run(train * 1.02, 1000, 0)),
+            ]);
+        }
+        header(vec![TopologyResult {
+            name: "udp-carrier".into(),
+            description: "UDP into a black hole with carrier".into(),
+            skipped: None,
+            sizes: vec![1200, 1472],
+            engines: [
+                "copy",
+                "msg-zc",
+                "train-auto",
+                "train-copy",
+                "train-msg-zc",
+                "train-uring",
+                "raw-train-copy",
+                "raw-train-msg-zc",
+            ]
+            .map(String::from)
+            .to_vec(),
+            cells,
+            left_out: None,
+        }])
+    }
+
     /// compare-raw's UDP columns: the zerotx engines, then what `--baselines --liburing` adds.
     pub const COMPARE_RAW_UDP: [&str; 7] = [
         "copy",

@@ -7,14 +7,23 @@ use std::fmt::Write as _;
 
 use super::{num, size_label, Exporter};
 use crate::bench::result::{Cell, Paired, Report, Spread, TopologyResult};
-use crate::bench::verdict::{self, Verdict, ZeroCopy, AUTO_TARGET};
+use crate::bench::verdict::{self, TrainAt, Verdict, ZeroCopy, AUTO_TARGET};
 
 /// zerotx's engines that get a ratio against `copy`.
 const ZC_ENGINES: [&str; 5] = ["auto", "msg-zc", "uring-zc", "uring-zc-fixed", "uring"];
 
-/// The train loops, which get a ratio against `copy` too: what a train pays over one call per
-/// datagram.
-const TRAIN_ENGINES: [&str; 2] = ["raw-train-copy", "raw-train-msg-zc"];
+/// The train columns, zerotx's and the raw loops, which get a ratio against `copy` too: what a
+/// train pays over one call per datagram.
+const TRAIN_ENGINES: [&str; 8] = [
+    "train-auto",
+    "train-copy",
+    "train-msg-zc",
+    "train-uring",
+    "train-uring-zc",
+    "train-uring-zc-fixed",
+    "raw-train-copy",
+    "raw-train-msg-zc",
+];
 
 /// How a figure over several runs reads: `median [min-max]`; one run: the figure alone.
 fn spread(s: Spread, runs: usize) -> String {
@@ -127,32 +136,64 @@ fn block(
     columns(s, &t.sizes, &headers, &values);
 }
 
-/// What `auto` chose at each size, and how it fared against the best single engine.
-fn auto_block(s: &mut String, t: &TopologyResult) {
-    let best = t.sizes.first().and_then(|&size| t.best_single(size));
-    if !t.engines.iter().any(|e| e == "auto") || best.is_none() {
+/// `auto` and the columns it is judged against: per datagram, or in trains.
+struct AutoColumn {
+    name: &'static str,
+    best: fn(&TopologyResult, usize) -> Option<(&str, f64)>,
+    ratio: fn(&TopologyResult, usize) -> Option<f64>,
+    against: &'static str,
+}
+
+const AUTO: AutoColumn = AutoColumn {
+    name: "auto",
+    best: TopologyResult::best_single,
+    ratio: TopologyResult::auto_ratio,
+    against: "the fastest single engine's",
+};
+
+const TRAIN_AUTO: AutoColumn = AutoColumn {
+    name: "train-auto",
+    best: TopologyResult::best_train,
+    ratio: TopologyResult::train_auto_ratio,
+    against: "the fastest other train column's",
+};
+
+/// What `auto` (`a`) chose at each size, and how it fared against the best engine it is judged
+/// against.
+fn auto_block(s: &mut String, t: &TopologyResult, a: &AutoColumn) {
+    let best = t.sizes.first().and_then(|&size| (a.best)(t, size));
+    if !t.engines.iter().any(|e| e == a.name) || best.is_none() {
         return;
     }
     let _ = writeln!(
         s,
-        "  auto: what it chose, and its throughput over the fastest single engine's (target: \
-         {AUTO_TARGET:.2}x or more; ! marks a miss)"
+        "  {}: what it chose, and its throughput over {} (target: {AUTO_TARGET:.2}x or more; ! \
+         marks a miss)",
+        a.name, a.against
     );
-    let headers: Vec<String> = ["auto chose", "best single", "auto/best"]
-        .iter()
-        .map(|h| h.to_string())
-        .collect();
+    let headers: Vec<String> = if a.name == "auto" {
+        ["auto chose", "best single", "auto/best"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect()
+    } else {
+        [
+            format!("{} chose", a.name),
+            "best train".into(),
+            format!("{}/best", a.name),
+        ]
+        .to_vec()
+    };
     let values: Vec<Vec<String>> = t
         .sizes
         .iter()
         .map(|&size| {
             vec![
-                t.cell("auto", size)
+                t.cell(a.name, size)
                     .and_then(|c| c.chosen.clone())
                     .unwrap_or_else(|| "n/a".into()),
-                t.best_single(size)
-                    .map_or_else(|| "n/a".into(), |(e, _)| e.to_string()),
-                t.auto_ratio(size).map_or_else(
+                (a.best)(t, size).map_or_else(|| "n/a".into(), |(e, _)| e.to_string()),
+                (a.ratio)(t, size).map_or_else(
                     || "n/a".into(),
                     |r| {
                         let miss = if verdict::auto_misses(r) { " !" } else { "" };
@@ -215,7 +256,8 @@ pub fn render(r: &Report) -> String {
             |c| ok(c).map(|c| spread(c.mb_s, c.runs.len())),
             true,
         );
-        auto_block(&mut s, t);
+        auto_block(&mut s, t, &AUTO);
+        auto_block(&mut s, t, &TRAIN_AUTO);
         baseline_block(&mut s, t);
         block(
             &mut s,
@@ -297,6 +339,49 @@ pub fn render(r: &Report) -> String {
     s
 }
 
+/// Where zerotx's trains pay over one `copy` send per datagram, and how `train-auto` kept up.
+fn train_lines(s: &mut String, v: &Verdict) {
+    let at = |t: &TrainAt| {
+        format!(
+            "{} {:.2}x at {} ({} s of CPU per GB, copy {})",
+            t.engine,
+            t.ratio,
+            size_label(t.size),
+            num(t.cpu_s_per_gb),
+            num(t.copy_cpu_s_per_gb)
+        )
+    };
+    let (pay, not): (Vec<&TrainAt>, Vec<&TrainAt>) = v.trains.iter().partition(|t| t.pays());
+    if !pay.is_empty() {
+        let list: Vec<String> = pay.iter().map(|t| at(t)).collect();
+        let _ = writeln!(
+            s,
+            "    trains pay over one copy send per datagram: {}",
+            list.join(", ")
+        );
+    }
+    if !not.is_empty() {
+        let list: Vec<String> = not.iter().map(|t| at(t)).collect();
+        let _ = writeln!(
+            s,
+            "    trains do not pay over one copy send per datagram at {}",
+            list.join(", ")
+        );
+    }
+    if !v.train_auto_misses.is_empty() {
+        let at: Vec<String> = v
+            .train_auto_misses
+            .iter()
+            .map(|(size, r, best)| format!("{} ({r:.2}x of {best})", size_label(*size)))
+            .collect();
+        let _ = writeln!(
+            s,
+            "    train-auto fell short of the fastest train column at {}",
+            at.join(", ")
+        );
+    }
+}
+
 fn pct(share: f64) -> String {
     format!("{:.0}%", share * 100.0)
 }
@@ -338,6 +423,7 @@ pub fn verdict_lines(s: &mut String, v: &Verdict) {
             );
         }
     }
+    train_lines(s, v);
     match &v.zero_copy {
         ZeroCopy::Pays(p) => {
             let largest = if p.largest.0 == p.size {
@@ -471,6 +557,42 @@ mod tests {
         assert!(out.contains("0.79x !"), "{out}");
         assert!(
             out.contains("fell short of the fastest single engine at 1400 (0.79x of uring)"),
+            "{out}"
+        );
+        insta::assert_snapshot!(out);
+    }
+
+    #[test]
+    fn trains_get_ratios_to_copy_and_their_raw_loops_and_a_refusal_is_na() {
+        let out = render(&sample::with_trains());
+        // Each train column over per-datagram copy, and over the raw loop of its kind.
+        for header in [
+            "train-msg-zc/copy",
+            "train-copy/raw-train-copy",
+            "train-msg-zc/raw-train-msg-zc",
+            "train-auto/raw-train-msg-zc",
+            "train-uring/raw-train-copy",
+        ] {
+            assert!(out.contains(header), "no {header}: {out}");
+        }
+        assert!(
+            out.contains("27.14x"),
+            "train-msg-zc over copy at 1472: {out}"
+        );
+        // The refusing column: n/a, and why, never a zero.
+        assert!(
+            out.contains("error: train-uring 1200: the engine refuses trains"),
+            "{out}"
+        );
+        assert!(
+            out.contains("train-auto: what it chose, and its throughput over the fastest other"),
+            "{out}"
+        );
+        assert!(
+            out.contains(
+                "trains pay over one copy send per datagram: train-msg-zc 23.08x at 1200 (0.05 s \
+                 of CPU per GB, copy 0.50)"
+            ),
             "{out}"
         );
         insta::assert_snapshot!(out);

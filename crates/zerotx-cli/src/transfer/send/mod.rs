@@ -8,6 +8,7 @@ mod output;
 mod plan;
 mod stream;
 mod tcp_info;
+mod train;
 
 use std::fs::File;
 use std::io::IsTerminal;
@@ -46,7 +47,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let deadline = plan.time.map(|t| start + t);
     let window = match plan.source {
-        Source::Generated { .. } => Some(Window::new(plan.size)),
+        Source::Generated { .. } => Some(Window::new(plan.size * plan.train)),
         Source::File { .. } => None,
     };
     let n = conns.len() as u64;
@@ -94,6 +95,7 @@ pub fn run(args: SendArgs) -> anyhow::Result<()> {
             conn,
             engine: plan.engine,
             size: plan.size,
+            train: plan.train,
             body,
             ctl: Control {
                 bytes,

@@ -477,6 +477,18 @@ impl Output {
                 }
             ));
         }
+        let per_train = ends.iter().find_map(|e| e.trains);
+        let trains_off = ends.iter().find_map(|e| e.trains_off.clone());
+        if let Some(n) = per_train {
+            let trains = stats.map_or(0, |s| s.trains);
+            text.push(format!(
+                "trains: {trains} sent, up to {n} datagrams each (one send_train, UDP GSO, per \
+                 train){}",
+                trains_off.as_ref().map_or(String::new(), |why| format!(
+                    "; then one datagram per call: trains off ({why})"
+                ))
+            ));
+        }
         if let Some(x) = &explain {
             // The engine's words, but its first line from what the kernel did: an engine that
             // asks for zero-copy is not "engaged" when the kernel copied every send.
@@ -555,6 +567,12 @@ impl Output {
                 "probes": stats.map(|s| s.probes),
                 "switches_to_copy": stats.map(|s| s.switches_to_copy),
                 "sends": stats.map(|s| s.sends),
+                "trains": per_train.map(|n| json!({
+                    "datagrams_per_train": n,
+                    "sent": stats.map_or(0, |s| s.trains),
+                    "split": stats.map_or(0, |s| s.train_splits),
+                    "off": trains_off,
+                })),
                 "syscalls": stats.map(|s| s.syscalls),
                 "cpu_seconds": cpu_total.as_secs_f64(),
                 "cpu_seconds_per_gb": per_gb,

@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use socket2::{Domain, SockAddr, Socket, Type};
 use zerotx::EngineKind;
 
+use crate::bench::settings::{MAX_TRAIN, MAX_TRAIN_BYTES};
 use crate::options::{FileVia, SendArgs};
 use crate::transfer::{resolve, Endpoint, Proto};
 use crate::units::{self, MAX_SEND};
@@ -76,6 +77,9 @@ pub struct Plan {
     pub engine: EngineKind,
     /// Bytes per send (per datagram for UDP).
     pub size: usize,
+    /// UDP: datagrams per train (one `send_train` of `train` datagrams of `size`); 1: one
+    /// datagram per call, and always 1 on a stream.
+    pub train: usize,
     /// Streams.
     pub parallel: usize,
     /// What to send.
@@ -158,6 +162,18 @@ impl Plan {
                 "invalid --size {size} with --udp: a UDP datagram carries at most {UDP_MAX} bytes"
             );
         }
+        if a.train == 0 || a.train > MAX_TRAIN {
+            bail!(
+                "invalid --train {}: give 1 to {MAX_TRAIN} datagrams per train (the kernel's \
+                 segment limit per call), or 1 for one datagram per call",
+                a.train
+            );
+        }
+        // As many datagrams as one GSO packet carries; a stream has none.
+        let train = match proto {
+            Proto::Udp => a.train.min(MAX_TRAIN_BYTES / size).max(1),
+            Proto::Tcp => 1,
+        };
         if a.parallel == 0 || a.parallel > 128 {
             bail!("invalid --parallel {}: give 1 to 128 streams", a.parallel);
         }
@@ -237,6 +253,7 @@ impl Plan {
             proto,
             engine,
             size,
+            train,
             parallel: a.parallel,
             source,
             time,

@@ -16,6 +16,7 @@ use zerotx::{CopyReason, EngineKind, Explanation, Released, SendError, SendPath,
 
 use super::plan::Conn;
 use super::tcp_info::{TcpCounters, TcpSampler, TcpSummary};
+use super::train::{self, Trains};
 use crate::transfer::iperf3;
 use crate::transfer::pattern::Window;
 
@@ -61,6 +62,8 @@ pub struct Job {
     pub engine: EngineKind,
     /// Bytes per send.
     pub size: usize,
+    /// UDP: datagrams per train (1: one per call).
+    pub train: usize,
     /// What to send.
     pub body: Body,
     /// When to stop, how fast, how long to wait.
@@ -211,6 +214,10 @@ pub struct End {
     pub tcp: Option<TcpSummary>,
     /// Samples the socket while this stream holds it open; finished into `tcp`.
     sampler: Option<TcpSampler>,
+    /// UDP: datagrams per train, when the stream sent trains.
+    pub trains: Option<usize>,
+    /// Why trains stopped part way, when they did.
+    pub trains_off: Option<String>,
 }
 
 impl Job {
@@ -225,6 +232,7 @@ impl Job {
                 self.conn,
                 self.engine,
                 self.size,
+                Trains::new(self.size, self.train),
                 Source::Window(w),
                 self.ctl,
             ),
@@ -232,6 +240,7 @@ impl Job {
                 self.conn,
                 self.engine,
                 self.size,
+                Trains::new(self.size, self.train),
                 Source::Mapped(m),
                 self.ctl,
             ),
@@ -249,7 +258,16 @@ enum Source {
     Mapped(Bytes),
 }
 
-fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Control) -> End {
+/// Sends `src` through `engine`: slices of `size` bytes, or trains of `size`-byte datagrams
+/// while `trains` go.
+fn run_engine(
+    conn: Conn,
+    engine: EngineKind,
+    size: usize,
+    mut trains: Trains,
+    src: Source,
+    ctl: Control,
+) -> End {
     let mut end = End::new(match src {
         Source::Window(_) => "generated",
         Source::Mapped(_) => "mmap",
@@ -261,11 +279,12 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
         Ok(tx) => tx,
         Err(e) => return end.failed(anyhow::anyhow!("engine {engine}: {e}")),
     };
+    end.trains = trains.per_train();
     let mut released: Vec<Released<Bytes>> = Vec::new();
     let mut queued = 0u64;
     let mut last_progress = Instant::now();
     while !ctl.stop(queued) {
-        let want = ctl.next_len(queued, size);
+        let want = ctl.next_len(queued, size * trains.datagrams());
         let buf = match &src {
             Source::Window(w) => w.at(queued, want),
             Source::Mapped(m) => {
@@ -284,8 +303,27 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
             }
         };
         let n = buf.len() as u64;
+        // A train is its datagrams' share of the rate: due when its first byte is.
         ctl.pace(queued);
-        match tx.send_timeout(buf, SLICE) {
+        let sent = match trains.segment_for(buf.len()) {
+            None => tx.send_timeout(buf, SLICE),
+            Some(segment) => match tx.send_train(buf, segment) {
+                // Nothing of the train went: the same bytes go again, one datagram per call.
+                Err(SendError::Invalid { reason, .. }) => {
+                    end.trains_off(&mut trains, format!("the engine refuses them: {reason}"));
+                    continue;
+                }
+                Err(SendError::Io { error, buf }) => match train::refusal(&error) {
+                    Some(why) => {
+                        end.trains_off(&mut trains, format!("the path refuses them: {why}"));
+                        continue;
+                    }
+                    None => Err(SendError::Io { error, buf }),
+                },
+                other => other,
+            },
+        };
+        match sent {
             Ok(()) => {
                 queued += n;
                 last_progress = Instant::now();
@@ -310,12 +348,24 @@ fn run_engine(conn: Conn, engine: EngineKind, size: usize, src: Source, ctl: Con
             }
         }
         match end.account(&mut tx, &mut released, &ctl.counters) {
-            Ok(true) => last_progress = Instant::now(),
+            Ok(true) => {
+                last_progress = Instant::now();
+                if trains.datagrams() > 1 && tx.stats().train_splits > 0 {
+                    // The library sent those trains one datagram per call: none lost or sent
+                    // twice, but later ones would be split again.
+                    end.trains_off(
+                        &mut trains,
+                        "the path splits them: EIO, the device cannot checksum a UDP GSO packet"
+                            .into(),
+                    );
+                }
+            }
             Ok(false) => {}
             Err(e) => return end.close(tx, stream, Duration::ZERO, Some(e)),
         }
         end.tick_tcp();
     }
+
     // The end: every buffer back from the kernel, then the receiver's EOF. In slices, counting
     // what comes back as it comes (the interval lines go on while the last bytes drain).
     let drain_until = Instant::now() + ctl.linger;
@@ -412,7 +462,14 @@ fn run_sendfile(
                     fd: sock.into(),
                     ..conn
                 };
-                return run_engine(conn, engine, size, Source::Mapped(m), ctl);
+                return run_engine(
+                    conn,
+                    engine,
+                    size,
+                    Trains::new(size, 1),
+                    Source::Mapped(m),
+                    ctl,
+                );
             }
             Err(e) => {
                 let e = peer_error(&io::Error::from(e), sent);
@@ -438,7 +495,15 @@ impl End {
             error: None,
             tcp: None,
             sampler: None,
+            trains: None,
+            trains_off: None,
         }
+    }
+
+    /// Stops `trains` for the rest of the stream, and keeps why for the summary.
+    fn trains_off(&mut self, trains: &mut Trains, why: String) {
+        trains.stop(why);
+        self.trains_off = trains.off().map(str::to_string);
     }
 
     fn failed(mut self, e: anyhow::Error) -> Self {
