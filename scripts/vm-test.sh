@@ -18,16 +18,22 @@
 # there too. A second virtio-net (eth1) sits on a second tap
 # (198.18.1.0/24) WITHOUT the vnet header, so it offers no scatter-gather or checksum offload
 # and the guest's kernel copies every zero-copy send to it: a real device that copies, where
-# `auto` must learn to copy. After each guest a table gives, per engine, the functional counts
-# of that topology: the share of buffers that came back zero-copy per protocol, the buffers
-# returned, the TCP retransmits the guest saw, and the copying NIC's share. TCG timings are not
-# performance: only counts and verdicts are results.
+# `auto` must learn to copy. Trains (UDP GSO) go through every fault class of
+# crates/zerotx-cli/examples/train_faults.rs on this host and in each guest, and from the guest
+# through virtio-net to that example's receiver on the host side, which checks every datagram.
+# After each guest a table gives, per engine, the functional counts of that topology: the share
+# of buffers that came back zero-copy per protocol, the buffers returned, the TCP retransmits
+# the guest saw, and the copying NIC's share. TCG timings are not performance: only counts and
+# verdicts are results.
 #
 # Usage: scripts/vm-test.sh [6.1] [6.12]        (default: both)
 #        ZEROTX_VM_SMP=2 scripts/vm-test.sh      (guest vCPUs; default 1: CI machines are small)
 #        ZEROTX_VM_APPEND="zerotx_only=integrity_uring-zc+pool_tcp zerotx_repeat=30" \
 #          ZEROTX_VM_TIMEOUT=1800 scripts/vm-test.sh 6.12
 #                                                (hunting a rare failure: one check, many times)
+#        ZEROTX_VM_APPEND=zerotx_only=train scripts/vm-test.sh 6.1
+#                                                (only the train checks in the guest: rules, faults,
+#                                                 trains through virtio-net)
 #
 # The newest kernel of each line is found through its meta package, downloaded with
 # `apt-get download` (never installed on the host) and extracted to target/vm/<kernel release>/;
@@ -96,9 +102,11 @@ guest=target/x86_64-unknown-linux-gnu/release/examples/vm_guest
 host_rx=$PWD/target/x86_64-unknown-linux-gnu/release/examples/vm_host
 echo "== building the zerotx command (static) for its send/recv checks in the guest"
 RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build -q --release -p zerotx-cli --bins --example train_rules --target x86_64-unknown-linux-gnu
+  cargo build -q --release -p zerotx-cli --bins --example train_rules --example train_faults \
+  --target x86_64-unknown-linux-gnu
 cli=target/x86_64-unknown-linux-gnu/release/zerotx
 train_rules=target/x86_64-unknown-linux-gnu/release/examples/train_rules
+train_faults=$PWD/target/x86_64-unknown-linux-gnu/release/examples/train_faults
 
 # The kernel's UDP GSO train rules (docs/kernel.md, "UDP GSO trains: the kernel's limits,
 # measured"), as crates/zerotx-cli/examples/train_rules.rs checks them, per kernel release: the
@@ -121,6 +129,18 @@ t0=$SECONDS
 grep -q "VMTEST: FAIL" "$work/train_rules.host" && { echo "train rules on the host: FAIL" >&2; exit 1; }
 echo "== train rules on the host: ok ($((SECONDS - t0)) s)"
 
+# Every UDP fault class for trains (crates/zerotx-cli/examples/train_faults.rs: a veth receiver
+# checking each datagram, nftables and qdisc drops, refusals, UDP-Lite's EIO, a local
+# destination) through every engine; the guests run it too.
+echo "== train faults on this host ($(uname -r))"
+t0=$SECONDS
+"$train_faults" > "$work/train_faults.host" 2> "$work/train_faults.host.err" || true
+sed 's/^/  /' "$work/train_faults.host"
+if grep -q "VMTEST: FAIL" "$work/train_faults.host" || ! grep -q "VMTEST: pass" "$work/train_faults.host"; then
+  echo "train faults on the host: FAIL (stderr: $work/train_faults.host.err)" >&2; exit 1
+fi
+echo "== train faults on the host: $(grep -c "VMTEST: pass" "$work/train_faults.host") passed ($((SECONDS - t0)) s)"
+
 # The guest's link: a tap in a namespace of our own, the host's receiver in it, drops on both
 # directions. Removed on exit, however the script ends.
 ns=zxvm$$
@@ -128,9 +148,10 @@ tap=zxtap0
 tap_copying=zxtap1
 host_pid=
 socat_pid=
+trains_rx_pid=
 net_down() {
   local p
-  for p in $host_pid $socat_pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  for p in $host_pid $socat_pid $trains_rx_pid; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   ip netns del "$ns" 2>/dev/null || true
 }
 trap net_down EXIT
@@ -233,7 +254,9 @@ run_guest() {
   cp /bin/busybox "$root/bin/busybox"
   # No modules.dep in the .deb: insmod in dependency order. 6.1 ships .ko, 6.12 .ko.xz.
   for m in net/vmw_vsock/vsock net/vmw_vsock/vmw_vsock_virtio_transport_common \
-           net/vmw_vsock/vsock_loopback drivers/net/dummy net/sched/sch_netem; do
+           net/vmw_vsock/vsock_loopback drivers/net/dummy net/sched/sch_netem net/sched/sch_tbf \
+           drivers/net/veth lib/libcrc32c net/netfilter/nfnetlink net/netfilter/nf_tables \
+           net/netfilter/nft_numgen; do
     f="$root/mods/${m##*/}.ko"
     if [ -f "$mods/$m.ko" ]; then cp "$mods/$m.ko" "$f"
     elif [ -f "$mods/$m.ko.xz" ]; then xz -dc "$mods/$m.ko.xz" > "$f"
@@ -257,30 +280,30 @@ run_guest() {
     echo "${m##*/}" >> "$root/mods/net"
   done
   cp "$guest" "$root/vm_guest"
-  # tc for netem in the guest: this host's (Debian 12's iproute2) with the libraries it loads,
-  # at the same paths (busybox's own tc has no netem).
-  local tc lib
-  tc=$(command -v tc) || { echo "tc (iproute2) missing on the host" >&2; return 1; }
-  mkdir -p "$root/usr/sbin" && cp "$tc" "$root/usr/sbin/tc"
-  for lib in $(ldd "$tc" | grep -o '/[^ ]*'); do
-    mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
+  # This host's tools (Debian 12's) with the libraries they load, at the same paths, in
+  # /usr/sbin: tc for netem and tbf (busybox's own tc has neither), nft for the train faults'
+  # drops, ip (iproute2: veth pairs moved between namespaces) for the train faults, ethtool
+  # (software segmentation) for the train rules.
+  local t lib path
+  mkdir -p "$root/usr/sbin"
+  for t in tc nft ip ethtool; do
+    path=$(command -v "$t") || { echo "$t missing on the host" >&2; return 1; }
+    cp "$path" "$root/usr/sbin/$t"
+    for lib in $(ldd "$path" | grep -o '/[^ ]*'); do
+      mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
+    done
   done
   strip -o "$root/zerotx" "$cli" 2>/dev/null || cp "$cli" "$root/zerotx"
-  # The train rules' probe, what it expects of this kernel, and ethtool (software segmentation)
-  # with its libraries at the same paths.
+  # The train rules' probe and what it expects of this kernel; the train faults.
   strip -o "$root/train_rules" "$train_rules" 2>/dev/null || cp "$train_rules" "$root/train_rules"
   train_expect "$kver" > "$root/train_expect"
-  local et
-  et=$(command -v ethtool) || { echo "ethtool missing on the host" >&2; return 1; }
-  cp "$et" "$root/usr/sbin/ethtool"
-  for lib in $(ldd "$et" | grep -o '/[^ ]*'); do
-    mkdir -p "$root$(dirname "$lib")" && cp -L "$lib" "$root$lib"
-  done
+  strip -o "$root/train_faults" "$train_faults" 2>/dev/null || cp "$train_faults" "$root/train_faults"
   cat > "$root/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
-for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy sch_netem; do
+for m in vsock vmw_vsock_virtio_transport_common vsock_loopback dummy sch_netem sch_tbf veth \
+         libcrc32c nfnetlink nf_tables nft_numgen; do
   insmod /mods/$m.ko || echo "VMTEST: FAIL insmod $m"
 done
 ip link set lo up
@@ -314,6 +337,15 @@ t0=$(date +%s)
 { /train_rules $(cat /train_expect) 2>&1 || echo "VMTEST: FAIL train rules probe exited $?"; } \
   | sed 's/^train-rules:/VMTEST: measure train-rules:/'
 echo "VMTEST: measure train-rules: $(( $(date +%s) - t0 )) s under TCG"
+# Every UDP fault class for trains through every engine (iproute2's ip first in PATH: busybox's
+# cannot move a veth between namespaces), then trains through virtio-net to the host's receiver
+# (see run_guest), each engine's zero-copy share. zerotx_only=train runs only the train checks.
+case "${zerotx_only:-train}" in *train*)
+  t0=$(date +%s)
+  PATH=/usr/sbin:$PATH /train_faults 2>/tmp/tf.err || { echo "VMTEST: FAIL train-faults exited $?"; tail -n 5 /tmp/tf.err; }
+  echo "VMTEST: measure train-faults: $(( $(date +%s) - t0 )) s under TCG"
+  /train_faults --to 198.18.0.1:7300 2>/tmp/tf.err || { echo "VMTEST: FAIL train-faults net exited $?"; tail -n 5 /tmp/tf.err; }
+esac
 if [ -z "${zerotx_only:-}" ]; then  # zerotx_only: see vm_guest's main.rs
 cli "vsock generated --verify" "/zerotx recv -l vsock:5401 --once --verify -i 0" \
   "/zerotx send vsock:1:5401 --bytes 16M -i 0"
@@ -339,6 +371,10 @@ INIT
   log="$dir/console.log"
   echo "== booting $kver ($(cat "$dir/package-version" 2>/dev/null || echo '?')) under QEMU (TCG)"
   local t0=$SECONDS
+  # The receiver of the guest's trains through virtio-net (train_faults --to): it checks every
+  # datagram that arrives (the drops above take some) and ends when the guest says it is done.
+  ip netns exec "$ns" "$train_faults" --receive 198.18.0.1:7300 > "$work/train_faults_rx.log" 2>&1 &
+  trains_rx_pid=$!
   # The guest's own watchdogs end every check; this only catches a guest that never powers off.
   # Its only NIC is the virtio-net on the namespace's tap (QEMU runs in the namespace to open it);
   # romfile= : no boot ROM (the kernel boots directly, and Debian's QEMU lacks it without
@@ -351,6 +387,16 @@ INIT
     -netdev tap,id=n1,ifname="$tap_copying",script=no,downscript=no,vnet_hdr=off \
     -kernel "$vmlinuz" -initrd "$dir/initrd.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet ${ZEROTX_VM_APPEND:-}" > "$log" 2>&1 || true
+  # The receiver's verdicts join the guest's (it ends by itself once trains came; else it is not
+  # waited for).
+  local waited=0
+  if grep -q "train-faults net" "$log"; then
+    while kill -0 "$trains_rx_pid" 2>/dev/null && [ $waited -lt 30 ]; do sleep 1; waited=$((waited + 1)); done
+  fi
+  kill "$trains_rx_pid" 2>/dev/null || true
+  wait "$trains_rx_pid" 2>/dev/null || true
+  trains_rx_pid=
+  grep "VMTEST: " "$work/train_faults_rx.log" | sed 's/VMTEST: \([a-zA-Z]*\) /VMTEST: \1 host: /' >> "$log" || true
   grep -ao "VMTEST: .*" "$log" | tr -d '\r' || true   # without the firmware's escape codes
   local d
   read -r -a d <<< "$(drops)"
