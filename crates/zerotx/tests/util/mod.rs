@@ -580,3 +580,5 @@ pub fn poll_loop(tx: &mut Sender<Vec<u8>>, total: u64, block: usize, think: Dura
     }
     waits
 }
+
+pub mod trains;

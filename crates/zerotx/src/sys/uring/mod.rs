@@ -30,7 +30,7 @@ pub use config::UringConfig;
 pub(crate) use shared::SharedRing;
 pub use shared::UringShared;
 
-pub use op::{Op, Payload, SendKind, SendOp};
+pub use op::{Cut, Op, Payload, SendKind, SendOp};
 pub(crate) use orphans::{adopt, new_ring};
 pub use ring::{Completion, Cqe, InboxHook, JoinRefused, Refused, Ring, CANCEL};
 pub(crate) use ring::{Lent, MAX_CQ_ENTRIES, MAX_REGISTERED};
