@@ -198,7 +198,9 @@ pub mod internals {
     /// What io_uring offers on this host, and the one-send check behind it.
     pub mod uring {
         pub use crate::sys::poll_one;
-        pub use crate::sys::uring::{probe, report_usage, send_zc_once, UringProbe};
+        pub use crate::sys::uring::{
+            probe, report_usage, send_zc_once, sendmsg_zc_fixed, UringProbe,
+        };
         pub use crate::sys::uring::{Completion, Cqe, InboxHook, JoinRefused, Ring, CANCEL};
         pub use crate::sys::uring::{Cut, Op, Payload, Refused, SendKind, SendOp};
     }

@@ -12,7 +12,7 @@ mod util;
 use std::collections::HashSet;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use util::trains::{
     check_datagram, over_veth, receive_all, receiver, receiver_of, send_trains, train, udp_of, SEG,
@@ -527,4 +527,81 @@ fn a_local_destination_copies_and_auto_learns_it() {
         );
     })
     .unwrap();
+}
+
+/// Trains from a registered pool go by `SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (6.15):
+/// their pages were pinned once, at registration, so a train in flight pins nothing more, while
+/// the same trains from the same pool unregistered pin their pages until their notifications. A
+/// slow qdisc holds the notifications back after every first CQE came; every datagram of both
+/// arrives whole, while each buffer is overwritten the instant it comes back.
+#[test]
+fn registered_trains_pin_nothing_per_request() {
+    const TRAINS: u32 = 4;
+    const COUNT: usize = 44;
+    if uring_engines().is_none() {
+        return;
+    }
+    require!(
+        zerotx::internals::uring::sendmsg_zc_fixed(),
+        "this kernel sends no SENDMSG_ZC from registered buffers (Linux 6.15)"
+    );
+    let tbf = || {
+        util::run_tool(
+            "tc",
+            &[
+                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "2mbit", "burst", "32kb",
+                "limit", "4mb",
+            ],
+            None,
+        )
+    };
+    let len = SEG * COUNT;
+    let result = over_veth(
+        1500,
+        libc::IPPROTO_UDP,
+        tbf,
+        |sock| receive_all(&sock, Duration::from_secs(1)),
+        || {
+            for (round, registered) in [true, false].into_iter().enumerate() {
+                let sock = connected_udp("192.0.2.2:9".parse().unwrap());
+                let pool = BufPool::new(64 * 1024, TRAINS as usize).unwrap();
+                let mut tx: Sender<PooledBuf> = Sender::new(sock, EngineKind::UringZc).unwrap();
+                if registered {
+                    tx.register_pool(&pool).unwrap();
+                }
+                for t in 0..TRAINS {
+                    let mut b = pool.take().unwrap();
+                    let bytes = train(t + round as u32 * TRAINS, SEG, COUNT, SEG);
+                    b[..len].copy_from_slice(&bytes);
+                    tx.send_train(b.freeze(len), SEG as u16).unwrap();
+                }
+                // Every first CQE in: the kernel took every train.
+                let (mut out, deadline) = (Vec::new(), Instant::now() + Duration::from_secs(10));
+                while tx.stats().bytes < u64::from(TRAINS) * len as u64 {
+                    assert!(Instant::now() < deadline, "{registered}: {:?}", tx.stats());
+                    tx.reap(&mut out).unwrap();
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let stats = tx.stats();
+                assert!(
+                    tx.in_flight() > 0,
+                    "the qdisc let every train go: {stats:?}"
+                );
+                if registered {
+                    assert_eq!(stats.pinned_bytes, 0, "registered: {stats:?}");
+                } else {
+                    assert!(stats.pinned_bytes >= len as u64, "user memory: {stats:?}");
+                }
+                let (rest, stats) = util::finish(tx);
+                out.extend(rest);
+                assert_eq!(out.len(), TRAINS as usize, "{stats:?}");
+                for r in out {
+                    assert!(r.report.error.is_none(), "{:?}", r.report);
+                    r.buf.into_mut().fill(0xEE);
+                }
+            }
+        },
+    );
+    let Some(got) = result else { return };
+    check_trains(&got, 2 * TRAINS, COUNT, SEG, "registered and not");
 }

@@ -408,9 +408,20 @@ impl<B: SendBuf, O: Order> State<B, O> {
             None
         };
         let rec = op.payload();
-        // A train needs its control message: never a registered buffer's SEND_ZC.
-        let fixed = match rec.bufs.as_slice() {
-            [one] if rec.train.is_none() => fixed_index(region, self.order.merge(), one),
+        // A train needs its control message, so a `msghdr`: from a registered buffer, a
+        // `SENDMSG_ZC` with `FIXED_BUF` where the kernel has it, never a `SEND_ZC`.
+        let fixed = match (rec.cut(), rec.bufs.as_slice()) {
+            (Cut::None, [one]) => {
+                fixed_index(region, self.order.merge(), one).map(|index| SendKind::Fixed {
+                    index,
+                    zc_flags: self.zc_flags,
+                })
+            }
+            (Cut::Train(_), [one]) if sysu::sendmsg_zc_fixed() => fixed_index(region, false, one)
+                .map(|index| SendKind::FixedMsg {
+                    index,
+                    zc_flags: self.zc_flags,
+                }),
             _ => None,
         };
         let len = match rec.cut() {
@@ -424,10 +435,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
             op.payload_mut().copy_for(CopyReason::Fallback);
         }
         let kind = match (zc, fixed) {
-            (true, Some(index)) => SendKind::Fixed {
-                index,
-                zc_flags: self.zc_flags,
-            },
+            (true, Some(kind)) => kind,
             (true, None) => SendKind::ZeroCopy {
                 zc_flags: self.zc_flags,
             },

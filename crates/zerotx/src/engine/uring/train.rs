@@ -17,9 +17,12 @@
 //! - Every other failure (a segment above the path MTU, netfilter's `EPERM`, a qdisc's `ENOBUFS`
 //!   with `IP_RECVERR`) is that train's error alone. `ENOBUFS` is never the budget on io_uring
 //!   (see the module docs), so a failed request always counts as having been built.
-//! - A train never comes back from a registered buffer's `SEND_ZC`: its segment size would have
-//!   to be the socket's (`UDP_SEGMENT` as a socket option), and a train from a [`BufPool`]
-//!   goes by `SENDMSG_ZC` like any other (docs/kernel.md, "UDP GSO trains on io_uring").
+//! - A train from a registered [`BufPool`] goes by `SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF`
+//!   where the kernel has it (6.15, [`sendmsg_zc_fixed`](crate::sys::uring::sendmsg_zc_fixed)):
+//!   its pages were pinned once, at registration. Never by a registered buffer's `SEND_ZC`,
+//!   whose segment size would have to be the socket's (`UDP_SEGMENT` as a socket option), nor on
+//!   older kernels, where it goes by plain `SENDMSG_ZC` (docs/kernel.md, "UDP GSO trains on
+//!   io_uring").
 //!
 //! [`BufPool`]: crate::buf::BufPool
 
@@ -29,7 +32,7 @@ use socket2::SockAddr;
 
 use super::core::UringCore;
 use super::cqe::Then;
-use super::flow::{op_for, State};
+use super::flow::{fixed_index, op_for, State};
 use super::state::{Order, Unordered};
 use crate::buf::SendBuf;
 use crate::engine::policy::auto::{Choice, Load};
@@ -38,7 +41,7 @@ use crate::engine::record::Record;
 use crate::engine::sendmsg_train::{kernel_train_segments, split_train, train_error};
 use crate::error::SendError;
 use crate::report::{CopyReason, Released};
-use crate::sys::uring::Ring;
+use crate::sys::uring::{self as sysu, Ring};
 
 /// What the engine keeps for trains: the kernel's limits on this socket, and the paths that
 /// refused GSO.
@@ -107,7 +110,9 @@ impl<B: SendBuf> UringCore<B, Unordered> {
         }
         let dest = dest.map(Box::new);
         let split = st.trains.splits.splits(dest.as_deref());
-        let Some(how) = st.train_how(len, split) else {
+        let registered =
+            fixed_index(st.fixed_region(&ring), false, &buf).is_some() && sysu::sendmsg_zc_fixed();
+        let Some(how) = st.train_how(len, split, registered) else {
             // Pinned pages come back with completions the next progress reaps.
             st.stats.would_block += 1;
             return Err(SendError::WouldBlock(buf));
@@ -130,9 +135,10 @@ impl<B: SendBuf> UringCore<B, Unordered> {
 impl<B: SendBuf, O: Order> State<B, O> {
     /// How a train of `len` bytes goes: by copy on a path that refused GSO (`split`); with
     /// `auto`, by copy below [`trains::AUTO_ZEROCOPY_MIN`], else as
-    /// [`AutoPolicy::choose`](crate::engine::policy::auto::AutoPolicy::choose) says (`None`: wait for pinned pages); otherwise as the engine
+    /// [`AutoPolicy::choose`](crate::engine::policy::auto::AutoPolicy::choose) says for a send
+    /// from `registered` memory or not (`None`: wait for pinned pages); otherwise as the engine
     /// sends.
-    fn train_how(&mut self, len: usize, split: bool) -> Option<How> {
+    fn train_how(&mut self, len: usize, split: bool, registered: bool) -> Option<How> {
         let copy = |reason| How {
             zc: false,
             probe: None,
@@ -152,7 +158,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
         if trains::auto_copies(len) {
             return Some(copy(Some(CopyReason::Small)));
         }
-        let choice = auto.choose(len, false, Load { sends, bytes });
+        let choice = auto.choose(len, registered, Load { sends, bytes });
         self.clock.tick(auto);
         match choice {
             Choice::ZeroCopy { probe } => Some(How {

@@ -162,6 +162,17 @@ pub enum SendKind {
         /// `IORING_SEND_ZC_REPORT_USAGE` where the kernel has it.
         zc_flags: u16,
     },
+    /// `IORING_OP_SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (6.15, [`sendmsg_zc_fixed`]):
+    /// the `msghdr`'s iovecs lie in registered buffer `index`, and the `msghdr` carries a train's
+    /// control message; for trains from a registered pool.
+    ///
+    /// [`sendmsg_zc_fixed`]: super::sendmsg_zc_fixed
+    FixedMsg {
+        /// The registered buffer the bytes lie in.
+        index: u16,
+        /// As for [`SendKind::ZeroCopy`].
+        zc_flags: u16,
+    },
     /// `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` from registered buffer `index`: the
     /// record must hold one buffer, lying in that registered buffer (else the kernel answers
     /// `EFAULT`).
@@ -319,6 +330,15 @@ unsafe impl<P: Payload, M: Send + 'static> Op for SendOp<P, M> {
                 on_target!(file, fd, |t| opcode::SendMsgZc::new(t, &*msg))
                     .flags(*flags as u32)
                     .ioprio(zc_flags | bad)
+                    .build()
+            }
+            SendKind::FixedMsg { index, zc_flags } => {
+                *msg = crate::sys::send_msghdr(iov, dest);
+                train(msg);
+                on_target!(file, fd, |t| opcode::SendMsgZc::new(t, &*msg))
+                    .flags(*flags as u32)
+                    .ioprio(zc_flags | bad)
+                    .buf_index(Some(index))
                     .build()
             }
             SendKind::Copy => {
