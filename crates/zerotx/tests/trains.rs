@@ -12,9 +12,8 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::Duration;
 
-use util::trains::{
-    check_datagram, over_veth, receive_all, receiver, receiver_of, send_trains, train, udp_of, SEG,
-};
+use util::trains::{check_datagram, send_trains, train, SEG};
+use util::veth::{over_veth, receive_all, receiver, receiver_of, udp_of};
 use util::{connected_udp, require};
 use zerotx::{CopyReason, EngineKind, SendError, SendPath, Sender, SenderConfig};
 

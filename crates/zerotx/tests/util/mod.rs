@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use zerotx::{EngineKind, Released, SendBuf, Sender};
 
+pub mod trains;
+pub mod veth;
+
 /// Every engine, so each scenario runs over all of them.
 pub fn engines() -> &'static [EngineKind] {
     EngineKind::ALL
@@ -580,5 +583,3 @@ pub fn poll_loop(tx: &mut Sender<Vec<u8>>, total: u64, block: usize, think: Dura
     }
     waits
 }
-
-pub mod trains;
