@@ -19,7 +19,7 @@ use util::veth::{over_veth, receive_all, receiver, receiver_of, udp_of};
 use util::{connected_udp, require};
 use zerotx::{
     BufPool, CopyReason, EngineKind, PooledBuf, Released, SendError, SendPath, Sender,
-    SenderConfig, Stats,
+    SenderConfig, Stats, UringConfig, UringShared,
 };
 
 /// The io_uring engines that send trains from plain buffers; `None`: io_uring is unavailable
@@ -184,6 +184,42 @@ fn black_hole_trains_complete_zero_copy_one_notification_each() {
             said.contains("1 trains of datagrams sent as UDP GSO"),
             "{said}"
         );
+    });
+}
+
+/// Two senders on one shared ring send trains at once, interleaved: every train of each comes
+/// back zero-copy to its own sender, with one notification each, whoever reaped the CQE.
+#[test]
+fn trains_of_two_senders_on_a_shared_ring() {
+    if uring_engines().is_none() {
+        return;
+    }
+    util::in_black_hole(1500, |bh| {
+        let ring = UringShared::new(UringConfig::default()).unwrap();
+        let cfg = SenderConfig::new(EngineKind::UringZc).with_ring(&ring);
+        let mut txs: Vec<Sender<Vec<u8>>> = (0..2)
+            .map(|_| Sender::with_config(connected_udp(bh.v4), cfg.clone()).unwrap())
+            .collect();
+        let mut outs = [Vec::new(), Vec::new()];
+        for t in 0..32u32 {
+            let i = t as usize % 2;
+            txs[i]
+                .send_train(train(t, SEG, 44, SEG), SEG as u16)
+                .unwrap();
+            txs[i].reap(&mut outs[i]).unwrap();
+        }
+        for (i, (tx, mut out)) in txs.into_iter().zip(outs).enumerate() {
+            let (released, stats) = util::finish(tx);
+            out.extend(released);
+            assert_eq!(out.len(), 16, "sender {i}: {stats:?}");
+            for r in &out {
+                let t = u32::from_be_bytes(r.buf[..4].try_into().unwrap());
+                assert_eq!(t as usize % 2, i, "sender {i} got train {t}");
+                assert_eq!(r.report.path, SendPath::ZeroCopy, "sender {i}");
+            }
+            assert_eq!(stats.trains, 16, "sender {i}: {stats:?}");
+            assert_eq!(stats.completions, 16, "sender {i}: {stats:?}");
+        }
     });
 }
 
