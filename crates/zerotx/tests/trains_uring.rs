@@ -640,3 +640,40 @@ fn registered_trains_pin_nothing_per_request() {
     let Some(got) = result else { return };
     check_trains(&got, 2 * TRAINS, COUNT, SEG, "registered and not");
 }
+
+const PROBE_CHILD: &str = "ZEROTX_TRAINS_PROBE_CHILD";
+
+/// The probe for `SENDMSG_ZC` from registered buffers sends nothing and needs no network: in a
+/// namespace without even loopback up it answers as the kernel's release says (Linux 6.15). Its
+/// answer is cached per process, so a probe that needed loopback would have turned the registered
+/// path off for a whole process whose first train went from such a namespace.
+#[test]
+fn the_fixed_buffer_probe_needs_no_network() {
+    require!(util::is_root(), "needs root for a network namespace");
+    if uring_engines().is_none() {
+        return;
+    }
+    util::run_child_test("fixed_probe_child", PROBE_CHILD);
+}
+
+#[test]
+#[ignore = "runs in its own process, started by the_fixed_buffer_probe_needs_no_network"]
+fn fixed_probe_child() {
+    if std::env::var(PROBE_CHILD).is_err() {
+        return;
+    }
+    // SAFETY: unshare has no memory preconditions; it moves this thread to a new network
+    // namespace, where only a loopback device exists, down.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = parts.next().unwrap().parse().unwrap();
+    let minor: u32 = parts.next().unwrap().parse().unwrap();
+    let want = (major, minor) >= (6, 15);
+    assert_eq!(
+        zerotx::internals::uring::sendmsg_zc_fixed(),
+        want,
+        "kernel {release}"
+    );
+    println!("fixed_probe_child: ok");
+}
