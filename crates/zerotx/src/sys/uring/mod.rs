@@ -81,18 +81,19 @@ fn ask() -> io::Result<UringProbe> {
 }
 
 /// Whether `IORING_SEND_ZC_REPORT_USAGE` (6.2, backported to some 6.1) works here, asked once per
-/// process and cached: one real `SEND_ZC` of one byte with the flag on a UDP socket connected to
-/// itself on 127.0.0.1. `EINVAL` means absent. Any other failure counts as absent too: without the
-/// flag zerotx cannot tell a copied send from a zero-copy one, but with a flag the kernel lacks
-/// every request would fail its preparation.
+/// process and cached: one real `SEND_ZC` of one byte with the flag on a UDP socket with no peer
+/// and no destination, so nothing is sent and no network is needed (a namespace without loopback
+/// gives the same answer). A kernel that takes the flag gets as far as the send and answers
+/// `EDESTADDRREQ`; `EINVAL` (the request's preparation refused the flag) means absent. Any other
+/// failure counts as absent too: without the flag zerotx cannot tell a copied send from a
+/// zero-copy one, but with a flag the kernel lacks every request would fail its preparation.
 pub fn report_usage() -> bool {
     static CACHE: OnceLock<bool> = OnceLock::new();
     *CACHE.get_or_init(|| {
         let check = || -> io::Result<bool> {
-            let sock = std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
-            sock.connect(sock.local_addr()?)?;
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
             let (res, _) = send_zc_once(sock.as_fd(), &[0x5a])?;
-            Ok(res >= 0)
+            Ok(res >= 0 || res == -libc::EDESTADDRREQ)
         };
         check().unwrap_or(false)
     })
