@@ -10,8 +10,7 @@ use socket2::SockAddr;
 
 use super::flow::{fixed_index, State};
 use super::ring_ref::{RingGuard, RingRef};
-use super::state::{Order, Seat};
-use super::train::Trains;
+use super::state::{Order, Seat, Trains};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::EngineKind;

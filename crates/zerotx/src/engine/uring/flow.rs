@@ -11,8 +11,7 @@ use std::time::Instant;
 use socket2::SockAddr;
 
 use super::cqe::{self, OnBudget, Req, Then};
-use super::state::{Budget, Due, Next, Op, Order, Seat};
-use super::train::Trains;
+use super::state::{Budget, Due, Next, Op, Order, Seat, Trains};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::clock::EpochClock;
 use crate::engine::policy;
@@ -569,7 +568,8 @@ impl<B: SendBuf, O: Order> State<B, O> {
         let rec = op.payload_mut();
         rec.kernel_copied |= req.copied;
         let then = if rec.train.is_some() {
-            self.train_after(rec, req.len, res, then)
+            let cqe = (req.len, res, then);
+            self.trains.after(rec, cqe, self.closing, &mut self.stats)
         } else {
             rec.sent = cqe::sent_after(rec.sent, rec.total, res, self.order.merge());
             then

@@ -31,42 +31,14 @@ use std::io;
 use socket2::SockAddr;
 
 use super::core::UringCore;
-use super::cqe::Then;
 use super::flow::{fixed_index, op_for, State};
 use super::state::{Order, Unordered};
 use crate::buf::SendBuf;
 use crate::engine::policy::auto::{Choice, Load};
-use crate::engine::policy::train::{self as trains, SplitPaths, Train, TrainFailure};
-use crate::engine::record::Record;
-use crate::engine::sendmsg_train::{kernel_train_segments, split_train, train_error};
+use crate::engine::policy::train::{self as trains, Train};
 use crate::error::SendError;
 use crate::report::{CopyReason, Released};
 use crate::sys::uring::{self as sysu, Ring};
-
-/// What the engine keeps for trains: the kernel's limits on this socket, and the paths that
-/// refused GSO.
-#[derive(Debug)]
-pub(super) struct Trains {
-    splits: SplitPaths,
-    v6: bool,
-    segments: u16,
-}
-
-impl Trains {
-    /// Trains on a socket of IPv6 (`v6`) or IPv4, under this kernel's segment limit.
-    pub(super) fn new(v6: bool) -> Self {
-        Self {
-            splits: SplitPaths::default(),
-            v6,
-            segments: kernel_train_segments(),
-        }
-    }
-
-    /// Whether a train of `len` bytes in `segment`-byte datagrams may go ([`trains::check`]).
-    fn check(&self, len: usize, segment: u16) -> Result<(), &'static str> {
-        trains::check(len, segment, self.v6, self.segments)
-    }
-}
 
 /// How a train goes: zero-copy or by copy (for `copy`, when zerotx chose it), and whether
 /// `auto` chose zero-copy (`probe`: to probe a route that copied).
@@ -192,59 +164,5 @@ impl<B: SendBuf, O: Order> State<B, O> {
             rec.probe = probe;
         }
         self.launch(ring, op, how.zc)
-    }
-
-    /// A train's last CQE (`res` of a request that carried `len` bytes, `then` what
-    /// [`cqe::at_last`](super::cqe::at_last) made of it): what the train took, and what follows.
-    /// UDP takes a train or a datagram whole or fails it (`udp_sendmsg` returns the length it
-    /// was given), so a count below `len` cannot come; if it did, the train (or the split
-    /// train's datagram) would count as sent whole, as any datagram's request does. A split
-    /// train goes on to its next datagram; `EIO` splits a train; any other failure is the
-    /// train's error, with what to do where the errno says little ([`train_error`]).
-    pub(super) fn train_after(
-        &mut self,
-        rec: &mut Record<B>,
-        len: usize,
-        res: i32,
-        then: Then,
-    ) -> Then {
-        let mut train = rec.train.expect("a train's record");
-        if res >= 0 {
-            rec.sent = if train.split {
-                (rec.sent + len).min(rec.total)
-            } else {
-                rec.total
-            };
-            if then != Then::Done || rec.left() == 0 {
-                return then;
-            }
-            if self.closing {
-                rec.error = Some(io::Error::from_raw_os_error(libc::EPIPE));
-                return Then::Fail(libc::EPIPE);
-            }
-            return Then::Continue;
-        }
-        let Then::Fail(errno) = then else {
-            return then;
-        };
-        match trains::on_failure(Some(errno), true) {
-            TrainFailure::Split if !train.split && !self.closing => {
-                if self.trains.splits.splits(rec.dest.as_deref()) {
-                    // A train that went out before its path's first `EIO` came back: the path
-                    // is known, and counted once.
-                    train.split = true;
-                    rec.train = Some(train);
-                } else {
-                    split_train(&mut self.stats, &mut self.trains.splits, rec, &mut train);
-                }
-                rec.kernel_copied = true;
-                rec.auto_zc = false;
-                Then::Continue
-            }
-            _ => {
-                rec.error = Some(train_error(io::Error::from_raw_os_error(errno)));
-                Then::Fail(errno)
-            }
-        }
     }
 }
