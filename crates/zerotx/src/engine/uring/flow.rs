@@ -406,27 +406,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
         } else {
             None
         };
-        let rec = op.payload();
-        // A train needs its control message, so a `msghdr`: from a registered buffer, a
-        // `SENDMSG_ZC` with `FIXED_BUF` where the kernel has it, never a `SEND_ZC`.
-        let fixed = match (rec.cut(), rec.bufs.as_slice()) {
-            (Cut::None, [one]) => {
-                fixed_index(region, self.order.merge(), one).map(|index| SendKind::Fixed {
-                    index,
-                    zc_flags: self.zc_flags,
-                })
-            }
-            (Cut::Train(_), [one]) if sysu::sendmsg_zc_fixed() => fixed_index(region, false, one)
-                .map(|index| SendKind::FixedMsg {
-                    index,
-                    zc_flags: self.zc_flags,
-                }),
-            _ => None,
-        };
-        let len = match rec.cut() {
-            Cut::One(size) => rec.left().min(usize::from(size)),
-            Cut::None | Cut::Train(_) => rec.left(),
-        };
+        let (fixed, len) = self.shape(op.payload(), region);
         // A request from user memory charges its pages to the locked-memory limit; one that could
         // never fit goes by copy at once.
         let zc = want_zc && (fixed.is_some() || self.may_pin(len));
@@ -478,6 +458,27 @@ impl<B: SendBuf, O: Order> State<B, O> {
                 Err((next, error))
             }
         }
+    }
+
+    /// How the next request of `rec` sends from registered memory, if it lies in `region`, and
+    /// the bytes it carries. A train needs its control message, so a `msghdr`: from a registered
+    /// buffer, a `SENDMSG_ZC` with `FIXED_BUF` where the kernel has it, never a `SEND_ZC`; a
+    /// split train's request carries one datagram.
+    fn shape(&self, rec: &Record<B>, region: Option<u64>) -> (Option<SendKind>, usize) {
+        let zc_flags = self.zc_flags;
+        let fixed = match (rec.cut(), rec.bufs.as_slice()) {
+            (Cut::None, [one]) => fixed_index(region, self.order.merge(), one)
+                .map(|index| SendKind::Fixed { index, zc_flags }),
+            (Cut::Train(_), [one]) if sysu::sendmsg_zc_fixed() => {
+                fixed_index(region, false, one).map(|index| SendKind::FixedMsg { index, zc_flags })
+            }
+            _ => None,
+        };
+        let len = match rec.cut() {
+            Cut::One(size) => rec.left().min(usize::from(size)),
+            Cut::None | Cut::Train(_) => rec.left(),
+        };
+        (fixed, len)
     }
 
     /// Reaps, pushes what is due, forms new requests, and submits. Every path that may be followed
