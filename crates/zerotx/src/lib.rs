@@ -198,9 +198,11 @@ pub mod internals {
     /// What io_uring offers on this host, and the one-send check behind it.
     pub mod uring {
         pub use crate::sys::poll_one;
-        pub use crate::sys::uring::{probe, report_usage, send_zc_once, UringProbe};
+        pub use crate::sys::uring::{
+            probe, report_usage, send_zc_once, sendmsg_zc_fixed, UringProbe,
+        };
         pub use crate::sys::uring::{Completion, Cqe, InboxHook, JoinRefused, Ring, CANCEL};
-        pub use crate::sys::uring::{Op, Payload, Refused, SendKind, SendOp};
+        pub use crate::sys::uring::{Cut, Op, Payload, Refused, SendKind, SendOp};
     }
     /// io_uring faults the kernel cannot produce on demand (a failed `io_uring_enter`, an SQE
     /// whose preparation fails), injected for the calling thread only.

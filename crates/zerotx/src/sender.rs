@@ -340,10 +340,12 @@ impl<B: SendBuf> Sender<B> {
     /// datagram per call, by copy ([`Stats::train_splits`]), no datagram lost or sent twice. A
     /// train to a local socket is copied by the kernel, as any datagram.
     ///
-    /// `copy` and `msg-zc` send trains; the io_uring engines do not yet and refuse them
-    /// ([`SendError::Invalid`]): use `auto` with
-    /// [`SenderConfig::with_auto_uring(false)`](crate::SenderConfig::with_auto_uring) for
-    /// `auto`'s choice between zero-copy and copy per train. UDP sockets only.
+    /// Every engine sends trains on a UDP socket: `copy` and `msg-zc` by `sendmsg(2)`, `uring`
+    /// and `uring-zc` as one `IORING_OP_SENDMSG` or `IORING_OP_SENDMSG_ZC` request per train,
+    /// and `auto` choosing between zero-copy and copy per train on either family. On io_uring the
+    /// kernel answers after the call: a train it refuses (the path MTU, a netfilter or qdisc
+    /// drop) comes back released, with the error in its [`Report`](crate::Report). UDP sockets
+    /// only.
     pub fn try_send_train(&mut self, buf: B, segment: u16) -> Result<(), SendError<B>> {
         self.submit_train(buf, segment, None)
     }

@@ -2,6 +2,8 @@
 //! `IORING_SEND_ZC_REPORT_USAGE`, and `send_zc_once` waiting for its request through signals.
 //! Real sockets on loopback.
 
+mod util;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -101,4 +103,28 @@ fn report_usage_is_found_where_the_kernel_has_it() {
     } else if (major, minor) >= (6, 2) {
         assert!(uring::report_usage(), "{release}");
     }
+}
+
+const NO_LOOPBACK_CHILD: &str = "ZEROTX_REPORT_USAGE_CHILD";
+
+/// The check sends nothing and needs no network: asked first from a namespace where loopback is
+/// down, it still finds the flag. It is cached per process, so a check that needed loopback
+/// would have left every zero-copy io_uring request of the process unable to tell a copy.
+#[test]
+fn report_usage_is_found_without_loopback() {
+    util::require!(util::is_root(), "needs root for a network namespace");
+    util::run_child_test("report_usage_child", NO_LOOPBACK_CHILD);
+}
+
+#[test]
+#[ignore = "runs in its own process, started by report_usage_is_found_without_loopback"]
+fn report_usage_child() {
+    if std::env::var(NO_LOOPBACK_CHILD).is_err() {
+        return;
+    }
+    // SAFETY: unshare has no memory preconditions; it moves this thread to a new network
+    // namespace, where only a loopback device exists, down.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+    report_usage_is_found_where_the_kernel_has_it();
+    println!("report_usage_child: ok");
 }

@@ -121,8 +121,9 @@ pub(crate) trait Engine<B: SendBuf>: Send {
     /// Accepts `buf` (now or queued) as one train of `segment`-byte datagrams (UDP GSO: the
     /// kernel cuts it, the last datagram may be shorter) to `dest` or the connected peer, or hands
     /// it back; released once, after the train's completion. The sender checked the socket is
-    /// UDP. The io_uring engines do not send trains yet: they refuse with
-    /// [`NO_GSO_ENGINE`](policy::train::NO_GSO_ENGINE).
+    /// UDP. Every engine that holds a UDP socket sends trains (the io_uring one as one request
+    /// per train, `uring/train.rs`); the default, for an engine that holds no datagram socket,
+    /// refuses with [`NO_GSO_ENGINE`](policy::train::NO_GSO_ENGINE).
     fn try_send_train(
         &mut self,
         _sock: &Socket,

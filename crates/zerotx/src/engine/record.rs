@@ -16,7 +16,7 @@ use crate::buf::SendBuf;
 use crate::engine::policy;
 use crate::engine::policy::train::Train;
 use crate::report::{CopyReason, Released, Report, SendPath, Stats};
-use crate::sys::uring::Payload;
+use crate::sys::uring::{Cut, Payload};
 
 /// One send in flight: see the module docs.
 pub(crate) struct Record<B> {
@@ -273,6 +273,14 @@ impl<B: SendBuf> Payload for Record<B> {
 
     fn dest(&self) -> Option<&SockAddr> {
         self.dest.as_deref()
+    }
+
+    fn cut(&self) -> Cut {
+        match self.train {
+            None => Cut::None,
+            Some(t) if t.split => Cut::One(t.segment),
+            Some(t) => Cut::Train(t.segment),
+        }
     }
 }
 

@@ -104,8 +104,7 @@ pub(crate) const TOO_LONG: &str = "the train is longer than one UDP GSO packet c
 pub(crate) const NOT_DATAGRAMS: &str =
     "trains are for UDP sockets: a stream has no datagrams to cut; use send/send_batch";
 pub(crate) const NO_GSO_ENGINE: &str =
-    "the io_uring engines do not send trains yet: use the copy or msg-zc engine, or auto with \
-     SenderConfig::with_auto_uring(false)";
+    "this engine sends no trains (it holds no datagram socket): send trains on a UDP socket";
 
 /// Whether a train of `len` bytes in `segment`-byte datagrams may go (one call carries at most
 /// `max_segments`), on an IPv6 socket if `v6`.

@@ -10,7 +10,7 @@ use socket2::SockAddr;
 
 use super::flow::{fixed_index, State};
 use super::ring_ref::{RingGuard, RingRef};
-use super::state::{Order, Seat};
+use super::state::{Order, Seat, Trains};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::EngineKind;
@@ -97,7 +97,9 @@ impl<B: SendBuf, O: Order> UringCore<B, O> {
         } else {
             0
         };
-        let st = State::new(Seat::new(owner, fd), order, zc, zc_flags, auto, cfg);
+        let trains = Trains::new(sock.kind.family == Family::Inet6);
+        let seat = Seat::new(owner, fd);
+        let st = State::new(seat, order, (zc, zc_flags), auto, cfg, trains);
         Ok(Self { ring, st })
     }
 

@@ -59,5 +59,18 @@ impl<B: SendBuf> Engine<B> for UringDatagram<B> {
         send_each(bufs, |buf| self.core.try_send(buf, None, out))
     }
 
+    /// One request per train: `SENDMSG_ZC` or `SENDMSG` with a `UDP_SEGMENT` control message
+    /// (`train.rs`).
+    fn try_send_train(
+        &mut self,
+        _sock: &Socket,
+        buf: B,
+        segment: u16,
+        dest: Option<SockAddr>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<(), SendError<B>> {
+        self.core.try_send_train(buf, segment, dest, out)
+    }
+
     answered_by_uring_core!();
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use socket2::SockAddr;
 
 use super::cqe::{self, OnBudget, Req, Then};
-use super::state::{Budget, Due, Next, Op, Order, Seat};
+use super::state::{Budget, Due, Next, Op, Order, Seat, Trains};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::clock::EpochClock;
 use crate::engine::policy;
@@ -19,7 +19,9 @@ use crate::engine::policy::auto::{AutoPolicy, Choice, Load};
 use crate::engine::record::{LatencySampler, Record};
 use crate::report::{CopyReason, Released, Stats};
 use crate::sys;
-use crate::sys::uring::{self as sysu, Cqe, Lent, Refused, Ring, SendKind, SendOp, UringConfig};
+use crate::sys::uring::{
+    self as sysu, Cqe, Cut, Lent, Payload, Refused, Ring, SendKind, SendOp, UringConfig,
+};
 
 /// Everything of an io_uring engine but its ring, in named records (`state.rs`), the socket's
 /// [`Order`], and the few counters and settings that need no record.
@@ -28,11 +30,13 @@ pub(super) struct State<B, O> {
     pub(super) order: O,
     pub(super) due: Due<B>,
     budget: Budget<B>,
+    /// Trains: the kernel's limits on this socket, the paths that refused GSO.
+    pub(super) trains: Trains,
     /// Zero-copy requests may be sent (`uring-zc`, or `auto`).
     pub(super) zc: bool,
     /// `auto`: the per-record choice between zero-copy and copy.
     pub(super) auto: Option<AutoPolicy>,
-    clock: EpochClock,
+    pub(super) clock: EpochClock,
     /// `zc_flags` of zero-copy requests (`IORING_SEND_ZC_REPORT_USAGE` where the kernel has it).
     zc_flags: u16,
     pub(super) cfg: UringConfig,
@@ -41,11 +45,11 @@ pub(super) struct State<B, O> {
     pub(super) queue: VecDeque<(B, Option<Box<SockAddr>>)>,
     /// This sender's requests in the ring (pushed, last CQE not yet applied).
     in_ring: usize,
-    latency: LatencySampler,
+    pub(super) latency: LatencySampler,
     /// Boxes of finished requests, for the next ones.
-    spare: Vec<Box<Op<B>>>,
+    pub(super) spare: Vec<Box<Op<B>>>,
     /// Shutting down: results are recorded, nothing more is pushed.
-    closing: bool,
+    pub(super) closing: bool,
     /// In a batch of sends ([`Engine::batch`]): enter only for a full batch.
     pub(super) batching: bool,
     /// Buffers accepted and not yet given back.
@@ -66,7 +70,7 @@ pub(super) fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B)
 /// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished request's
 /// box, whose record was released) if there is one: the record is refilled in place, not built
 /// and moved in.
-fn op_for<B: SendBuf>(
+pub(super) fn op_for<B: SendBuf>(
     spare: Option<Box<Op<B>>>,
     buf: B,
     dest: Option<Box<SockAddr>>,
@@ -88,20 +92,22 @@ impl<B, O> State<B, O> {
     }
 
     /// The state of a sender that joined its ring as `seat`, its requests in `order`: zero-copy
-    /// requests when `zc` (with `zc_flags`), `auto` choosing per record when given.
+    /// requests when `zc` (with `zc_flags`), `auto` choosing per record when given; trains as
+    /// `trains` allows.
     pub(super) fn new(
         seat: Seat,
         order: O,
-        zc: bool,
-        zc_flags: u16,
+        (zc, zc_flags): (bool, u16),
         auto: Option<AutoPolicy>,
         cfg: UringConfig,
+        trains: Trains,
     ) -> Self {
         Self {
             seat,
             order,
             due: Due::default(),
             budget: Budget::new(if zc { sysu::pin_limit() } else { None }),
+            trains,
             zc,
             auto,
             clock: EpochClock::default(),
@@ -261,7 +267,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
     /// checked `may_issue`): push at once, and keep the request in `to_push` only if the SQ
     /// refused it, exactly as `flush_pushes` would. `false`: the SQ refused it.
     #[inline]
-    fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
+    pub(super) fn launch(&mut self, ring: &mut Ring, op: Box<Op<B>>, zc: bool) -> io::Result<bool> {
         self.order.take();
         let next = Next {
             op,
@@ -401,12 +407,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
         } else {
             None
         };
-        let rec = op.payload();
-        let fixed = match rec.bufs.as_slice() {
-            [one] => fixed_index(region, self.order.merge(), one),
-            _ => None,
-        };
-        let len = rec.left();
+        let (fixed, len) = self.shape(op.payload(), region);
         // A request from user memory charges its pages to the locked-memory limit; one that could
         // never fit goes by copy at once.
         let zc = want_zc && (fixed.is_some() || self.may_pin(len));
@@ -414,10 +415,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
             op.payload_mut().copy_for(CopyReason::Fallback);
         }
         let kind = match (zc, fixed) {
-            (true, Some(index)) => SendKind::Fixed {
-                index,
-                zc_flags: self.zc_flags,
-            },
+            (true, Some(kind)) => kind,
             (true, None) => SendKind::ZeroCopy {
                 zc_flags: self.zc_flags,
             },
@@ -461,6 +459,27 @@ impl<B: SendBuf, O: Order> State<B, O> {
                 Err((next, error))
             }
         }
+    }
+
+    /// How the next request of `rec` sends from registered memory, if it lies in `region`, and
+    /// the bytes it carries. A train needs its control message, so a `msghdr`: from a registered
+    /// buffer, a `SENDMSG_ZC` with `FIXED_BUF` where the kernel has it, never a `SEND_ZC`; a
+    /// split train's request carries one datagram.
+    fn shape(&self, rec: &Record<B>, region: Option<u64>) -> (Option<SendKind>, usize) {
+        let zc_flags = self.zc_flags;
+        let fixed = match (rec.cut(), rec.bufs.as_slice()) {
+            (Cut::None, [one]) => fixed_index(region, self.order.merge(), one)
+                .map(|index| SendKind::Fixed { index, zc_flags }),
+            (Cut::Train(_), [one]) if sysu::sendmsg_zc_fixed() => {
+                fixed_index(region, false, one).map(|index| SendKind::FixedMsg { index, zc_flags })
+            }
+            _ => None,
+        };
+        let len = match rec.cut() {
+            Cut::One(size) => rec.left().min(usize::from(size)),
+            Cut::None | Cut::Train(_) => rec.left(),
+        };
+        (fixed, len)
     }
 
     /// Reaps, pushes what is due, forms new requests, and submits. Every path that may be followed
@@ -550,16 +569,26 @@ impl<B: SendBuf, O: Order> State<B, O> {
         let (res, then) = cqe::at_last(req.first, self.closing);
         let rec = op.payload_mut();
         rec.kernel_copied |= req.copied;
-        rec.sent = cqe::sent_after(rec.sent, rec.total, res, self.order.merge());
+        let then = if rec.train.is_some() {
+            let cqe = (req.len, res, then);
+            self.trains.after(rec, cqe, self.closing, &mut self.stats)
+        } else {
+            rec.sent = cqe::sent_after(rec.sent, rec.total, res, self.order.merge());
+            then
+        };
+        // A split train's datagrams go by copy.
+        let split = rec.train.is_some_and(|t| t.split);
         let mut next = Next {
             op,
-            zc: req.zc,
+            zc: req.zc && !split,
             resubmits: req.resubmits,
         };
         match then {
             Then::Done => self.release(next.op, out),
             Then::Fail(errno) => {
-                next.op.payload_mut().error = Some(io::Error::from_raw_os_error(errno));
+                let rec = next.op.payload_mut();
+                rec.error
+                    .get_or_insert_with(|| io::Error::from_raw_os_error(errno));
                 self.release(next.op, out);
             }
             Then::Continue => {

@@ -9,6 +9,9 @@
 //! - `cqe.rs`: what follows a request's CQEs, as pure functions of the CQE and the request's
 //!   record, and the record the engine keeps of each request in the ring.
 //! - `state.rs`: the records the engine's state is made of, each with its invariant.
+//! - `train.rs`: trains (UDP GSO) on a datagram socket: one request per train, the `UDP_SEGMENT`
+//!   control message in the request, the sendmsg family's decisions (`policy::train`); what a
+//!   train's last CQE means is `state.rs`'s `Trains`.
 //! - `ring_ref.rs`: the engine's handle on its ring, its own or a shared one
 //!   ([`UringShared`](crate::UringShared)); the ring's settings
 //!   ([`UringConfig`](crate::UringConfig)) and the ring with them are in [`crate::sys::uring`].
@@ -69,6 +72,7 @@ mod flow;
 mod ring_ref;
 mod state;
 mod stream;
+mod train;
 
 pub(crate) use datagram::UringDatagram;
 pub(crate) use stream::UringStream;

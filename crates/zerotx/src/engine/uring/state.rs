@@ -3,10 +3,15 @@
 //! decides the order of the steps; a record only keeps its own invariant.
 
 use std::collections::VecDeque;
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::cqe::Req;
+use super::cqe::{Req, Then};
+use crate::buf::SendBuf;
+use crate::engine::policy::train::{self as trains, SplitPaths, TrainFailure};
 use crate::engine::record::Record;
+use crate::engine::sendmsg_train::{kernel_train_segments, split_train, train_error};
+use crate::report::Stats;
 use crate::sys::uring::SendOp;
 
 /// A request of this engine: a record and the engine's account of it.
@@ -269,5 +274,87 @@ impl<B> Budget<B> {
     /// back at shutdown.
     pub(super) fn drain(&mut self) -> std::vec::Drain<'_, Next<B>> {
         self.deferred.drain(..)
+    }
+}
+
+/// What the engine keeps for trains (UDP GSO, `train.rs`): the kernel's limits on this socket,
+/// and the paths that refused GSO (`EIO`), whose trains go one datagram per request. Invariant:
+/// a path enters `splits` once, and is counted once in `Stats::train_splits`.
+#[derive(Debug)]
+pub(super) struct Trains {
+    pub(super) splits: SplitPaths,
+    v6: bool,
+    segments: u16,
+}
+
+impl Trains {
+    /// Trains on a socket of IPv6 (`v6`) or IPv4, under this kernel's segment limit.
+    pub(super) fn new(v6: bool) -> Self {
+        Self {
+            splits: SplitPaths::default(),
+            v6,
+            segments: kernel_train_segments(),
+        }
+    }
+
+    /// Whether a train of `len` bytes in `segment`-byte datagrams may go ([`trains::check`]).
+    pub(super) fn check(&self, len: usize, segment: u16) -> Result<(), &'static str> {
+        trains::check(len, segment, self.v6, self.segments)
+    }
+
+    /// A train's last CQE (`res` of a request that carried `len` bytes, `then` what
+    /// [`cqe::at_last`](super::cqe::at_last) made of it, while the sender is `closing` or not):
+    /// what the train `rec` took, and what follows. UDP takes a train or a datagram whole or
+    /// fails it (`udp_sendmsg` returns the length it was given), so a count below `len` cannot
+    /// come; if it did, the train (or the split train's datagram) would count as sent whole, as
+    /// any datagram's request does. A split train goes on to its next datagram; `EIO` splits a
+    /// train ([`trains::on_failure`]; `ENOBUFS` is never the budget on io_uring, so every failed
+    /// request counts as built); any other failure is the train's error, with what to do where
+    /// the errno says little ([`train_error`]).
+    pub(super) fn after<B: SendBuf>(
+        &mut self,
+        rec: &mut Record<B>,
+        (len, res, then): (usize, i32, Then),
+        closing: bool,
+        stats: &mut Stats,
+    ) -> Then {
+        let mut train = rec.train.expect("a train's record");
+        if res >= 0 {
+            rec.sent = if train.split {
+                (rec.sent + len).min(rec.total)
+            } else {
+                rec.total
+            };
+            if then != Then::Done || rec.left() == 0 {
+                return then;
+            }
+            if closing {
+                rec.error = Some(io::Error::from_raw_os_error(libc::EPIPE));
+                return Then::Fail(libc::EPIPE);
+            }
+            return Then::Continue;
+        }
+        let Then::Fail(errno) = then else {
+            return then;
+        };
+        match trains::on_failure(Some(errno), true) {
+            TrainFailure::Split if !train.split && !closing => {
+                if self.splits.splits(rec.dest.as_deref()) {
+                    // A train that went out before its path's first `EIO` came back: the path
+                    // is known, and counted once.
+                    train.split = true;
+                    rec.train = Some(train);
+                } else {
+                    split_train(stats, &mut self.splits, rec, &mut train);
+                }
+                rec.kernel_copied = true;
+                rec.auto_zc = false;
+                Then::Continue
+            }
+            _ => {
+                rec.error = Some(train_error(io::Error::from_raw_os_error(errno)));
+                Then::Fail(errno)
+            }
+        }
     }
 }

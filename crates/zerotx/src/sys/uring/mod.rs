@@ -30,7 +30,7 @@ pub use config::UringConfig;
 pub(crate) use shared::SharedRing;
 pub use shared::UringShared;
 
-pub use op::{Op, Payload, SendKind, SendOp};
+pub use op::{Cut, Op, Payload, SendKind, SendOp};
 pub(crate) use orphans::{adopt, new_ring};
 pub use ring::{Completion, Cqe, InboxHook, JoinRefused, Refused, Ring, CANCEL};
 pub(crate) use ring::{Lent, MAX_CQ_ENTRIES, MAX_REGISTERED};
@@ -81,21 +81,85 @@ fn ask() -> io::Result<UringProbe> {
 }
 
 /// Whether `IORING_SEND_ZC_REPORT_USAGE` (6.2, backported to some 6.1) works here, asked once per
-/// process and cached: one real `SEND_ZC` of one byte with the flag on a UDP socket connected to
-/// itself on 127.0.0.1. `EINVAL` means absent. Any other failure counts as absent too: without the
-/// flag zerotx cannot tell a copied send from a zero-copy one, but with a flag the kernel lacks
-/// every request would fail its preparation.
+/// process and cached: one real `SEND_ZC` of one byte with the flag on a UDP socket with no peer
+/// and no destination, so nothing is sent and no network is needed (a namespace without loopback
+/// gives the same answer). A kernel that takes the flag gets as far as the send and answers
+/// `EDESTADDRREQ`; `EINVAL` (the request's preparation refused the flag) means absent. Any other
+/// failure counts as absent too: without the flag zerotx cannot tell a copied send from a
+/// zero-copy one, but with a flag the kernel lacks every request would fail its preparation.
 pub fn report_usage() -> bool {
     static CACHE: OnceLock<bool> = OnceLock::new();
     *CACHE.get_or_init(|| {
         let check = || -> io::Result<bool> {
-            let sock = std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
-            sock.connect(sock.local_addr()?)?;
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
             let (res, _) = send_zc_once(sock.as_fd(), &[0x5a])?;
-            Ok(res >= 0)
+            Ok(res >= 0 || res == -libc::EDESTADDRREQ)
         };
         check().unwrap_or(false)
     })
+}
+
+/// Whether `IORING_OP_SENDMSG_ZC` sends from a registered buffer (`IORING_RECVSEND_FIXED_BUF` on
+/// `SENDMSG_ZC`, Linux 6.15: "io_uring/net: implement vectored reg bufs for zctx"), asked once
+/// per process and cached: one real request of one byte from a registered buffer, on a UDP socket
+/// with no peer and no destination, so nothing is sent and no network is needed (a namespace
+/// without loopback gives the same answer). A kernel that takes the flag gets as far as the send
+/// and answers `EDESTADDRREQ` (measured on 6.18); earlier kernels refuse the flag with `EINVAL`
+/// while preparing the request. Any other answer or failure (registering the buffer needs a page
+/// of `RLIMIT_MEMLOCK`) counts as absent, and trains from a registered pool then go as plain
+/// `SENDMSG_ZC` (docs/kernel.md, "UDP GSO trains on io_uring").
+pub fn sendmsg_zc_fixed() -> bool {
+    static CACHE: OnceLock<bool> = OnceLock::new();
+    *CACHE.get_or_init(|| ask_sendmsg_zc_fixed().unwrap_or(false))
+}
+
+/// [`sendmsg_zc_fixed`]'s request. The buffer, its iovec and the `msghdr` are declared before the
+/// ring, so the ring (which unregisters the buffer) goes first; if the wait fails with the request
+/// submitted, the kernel may still read them after the ring is gone: they are leaked.
+fn ask_sendmsg_zc_fixed() -> io::Result<bool> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    let bytes: Box<[u8; 64]> = Box::new([0x5a; 64]);
+    let iov = Box::new([libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: 1,
+    }]);
+    let msg = Box::new(crate::sys::send_msghdr(&iov[..], None));
+    let ring = IoUring::new(4)?;
+    let whole = [libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    }];
+    // SAFETY: the registration names `bytes`, which outlives the ring (declared before it, or
+    // leaked below).
+    unsafe { ring.submitter().register_buffers(&whole) }?;
+    let sqe = opcode::SendMsgZc::new(types::Fd(sock.as_raw_fd()), &*msg)
+        .buf_index(Some(0))
+        .build()
+        .user_data(1);
+    let mut ring = ring;
+    // SAFETY: the SQE points at `msg`, `iov` and `bytes`, which live until the request's last CQE
+    // below, or are leaked if that cannot be waited for.
+    unsafe { ring.submission().push(&sqe) }
+        .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+    let (mut first, mut more, mut notif) = (None, false, false);
+    while first.is_none() || (more && !notif) {
+        if let Err(e) = crate::sys::retry(|| ring.submit_and_wait(1)) {
+            if ring.submission().is_empty() {
+                std::mem::forget((bytes, iov, msg));
+            }
+            return Err(e);
+        }
+        for cqe in ring.completion() {
+            if cqueue::notif(cqe.flags()) {
+                notif = true;
+            } else {
+                first = Some(cqe.result());
+                more = cqueue::more(cqe.flags());
+            }
+        }
+    }
+    drop(ring);
+    Ok(first.is_some_and(|res| res >= 0 || res == -libc::EDESTADDRREQ))
 }
 
 /// Bytes of pages zero-copy requests may pin at most: io_uring charges them to `RLIMIT_MEMLOCK`

@@ -4,8 +4,9 @@
 //!
 //! - [`SendOp`]: one send of a [`Payload`] (buffers and destination): `IORING_OP_SENDMSG`,
 //!   `IORING_OP_SENDMSG_ZC`, or `IORING_OP_SEND_ZC` from a registered buffer. Its iovecs (inline
-//!   for one buffer) and `msghdr` live in the request; a finished request's box is handed back to
-//!   its owner, which reuses it, so a send allocates nothing once the owner is warm.
+//!   for one buffer) and `msghdr` live in the request, and so does a train's `UDP_SEGMENT`
+//!   control message ([`Cut::Train`]); a finished request's box is handed back to its owner,
+//!   which reuses it, so a send allocates nothing once the owner is warm.
 //! - [`Cancel`] (`IORING_OP_ASYNC_CANCEL` by descriptor) and [`Nop`] point at no memory.
 
 use std::any::Any;
@@ -16,6 +17,7 @@ use smallvec::SmallVec;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
+use crate::sys::train::SegmentCmsg;
 
 /// What a [`SendOp`] sends: buffers in stream order, how many of their bytes the kernel already
 /// took, and where they go. The whole memory contract between a send request and its owner, and
@@ -43,6 +45,47 @@ pub trait Payload: Send + 'static {
 
     /// Where the bytes go, on a socket that is not connected.
     fn dest(&self) -> Option<&SockAddr>;
+
+    /// How a datagram socket's kernel cuts the unsent bytes into datagrams: not at all (one
+    /// datagram, or a byte stream's bytes) unless the payload is a train.
+    fn cut(&self) -> Cut {
+        Cut::None
+    }
+}
+
+/// How a [`SendOp`]'s bytes become datagrams ([`Payload::cut`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// As they are: one datagram or message, or a byte stream's bytes.
+    None,
+    /// A train (UDP GSO): the kernel cuts the unsent bytes into datagrams of this size, the last
+    /// possibly shorter, named by a `UDP_SEGMENT` control message the request owns.
+    Train(u16),
+    /// One datagram of at most this size from the front of the unsent bytes: a train whose path
+    /// refused GSO, sent one datagram per request.
+    One(u16),
+}
+
+/// The unsent bytes of `bufs` after `sent` as iovecs into `iov`, at most `limit` bytes of them.
+fn fill_iov<B: SendBuf>(
+    iov: &mut SmallVec<[libc::iovec; 1]>,
+    bufs: &[B],
+    sent: usize,
+    limit: usize,
+) {
+    iov.clear();
+    let mut left = limit;
+    for bytes in unsent(bufs, sent) {
+        if left == 0 {
+            break;
+        }
+        let len = bytes.len().min(left);
+        left -= len;
+        iov.push(libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: len,
+        });
+    }
 }
 
 /// The bytes of `bufs` after the first `sent`, buffer by buffer, in order.
@@ -119,6 +162,17 @@ pub enum SendKind {
         /// `IORING_SEND_ZC_REPORT_USAGE` where the kernel has it.
         zc_flags: u16,
     },
+    /// `IORING_OP_SENDMSG_ZC` with `IORING_RECVSEND_FIXED_BUF` (6.15, [`sendmsg_zc_fixed`]):
+    /// the `msghdr`'s iovecs lie in registered buffer `index`, and the `msghdr` carries a train's
+    /// control message; for trains from a registered pool.
+    ///
+    /// [`sendmsg_zc_fixed`]: super::sendmsg_zc_fixed
+    FixedMsg {
+        /// The registered buffer the bytes lie in.
+        index: u16,
+        /// As for [`SendKind::ZeroCopy`].
+        zc_flags: u16,
+    },
     /// `IORING_OP_SEND_ZC` with `IORING_RECVSEND_FIXED_BUF` from registered buffer `index`: the
     /// record must hold one buffer, lying in that registered buffer (else the kernel answers
     /// `EFAULT`).
@@ -144,8 +198,12 @@ pub struct SendOp<P, M = ()> {
     /// The payload's unsent bytes, buffer by buffer; rebuilt by every [`Op::entry`] that sends a
     /// `msghdr` (a fixed-buffer `SEND_ZC` points straight at its bytes).
     iov: SmallVec<[libc::iovec; 1]>,
-    /// Points at `iov` and the payload's destination; rebuilt by every [`Op::entry`].
+    /// Points at `iov`, the payload's destination and, for a train, `segment`; rebuilt by every
+    /// [`Op::entry`].
     msg: libc::msghdr,
+    /// A train's `UDP_SEGMENT` control message ([`Cut::Train`]), which `msg` points at; rebuilt
+    /// by every [`Op::entry`] of a train.
+    segment: SegmentCmsg,
 }
 
 // SAFETY: the raw pointers in `iov` and `msg` point into this value's own fields and into the
@@ -165,6 +223,7 @@ impl<P: Payload, M: Default> SendOp<P, M> {
             flags: 0,
             iov: SmallVec::new(),
             msg: crate::sys::send_msghdr(&[], None),
+            segment: SegmentCmsg::new(0),
         })
     }
 
@@ -188,11 +247,15 @@ impl<P: Payload, M: Default> SendOp<P, M> {
     }
 }
 
-// SAFETY: the entry points at `self.iov` and `self.msg` (fields of the value), at the payload's
-// destination and at the unsent bytes of the payload's buffers (the payload is a field of the
-// value): by the `Payload` contract these stay in place and unchanged while the value lives and
-// its owner cannot reach `payload_mut`, which is the whole time a ring holds the value. `meta`,
-// the one field the ring lends while it holds the value, is not pointed at.
+// SAFETY: the entry points at `self.iov`, `self.msg` and `self.segment` (fields of the value), at
+// the payload's destination and at the unsent bytes of the payload's buffers (the payload is a
+// field of the value): by the `Payload` contract these stay in place and unchanged while the
+// value lives and its owner cannot reach `payload_mut`, which is the whole time a ring holds the
+// value. A train's control message is read by the kernel each time it issues the request (a
+// request parked on a full socket is issued again later), never after its first CQE; the value,
+// and so the control message, stays boxed in the ring until the last CQE (a `SENDMSG_ZC`'s
+// notification), which is later still. `meta`, the one field the ring lends while it holds the
+// value, is not pointed at.
 unsafe impl<P: Payload, M: Send + 'static> Op for SendOp<P, M> {
     type Meta = M;
 
@@ -218,22 +281,36 @@ unsafe impl<P: Payload, M: Send + 'static> Op for SendOp<P, M> {
             flags,
             iov,
             msg,
+            segment,
         } = self;
         let bufs = payload.bufs();
         let dest = payload.dest();
         let sent = payload.sent();
+        let cut = payload.cut();
         let fd = *fd;
         // A fixed-buffer SEND_ZC needs no iovec and no msghdr: its SQE points at the bytes.
         if !matches!(kind, SendKind::Fixed { .. }) {
-            iov.clear();
-            iov.extend(unsent(bufs, sent).map(|bytes| libc::iovec {
-                iov_base: bytes.as_ptr() as *mut libc::c_void,
-                iov_len: bytes.len(),
-            }));
+            let limit = match cut {
+                Cut::One(size) => usize::from(size),
+                Cut::None | Cut::Train(_) => usize::MAX,
+            };
+            fill_iov(iov, bufs, sent, limit);
         }
+        // The control message a train's msghdr points at, in this value.
+        let mut train = |msg: &mut libc::msghdr| {
+            if let Cut::Train(size) = cut {
+                *segment = SegmentCmsg::new(size);
+                segment.attach(msg);
+            }
+        };
         match *kind {
             SendKind::Fixed { index, zc_flags } => {
                 debug_assert_eq!(bufs.len(), 1, "a fixed-buffer request carries one buffer");
+                debug_assert_eq!(
+                    cut,
+                    Cut::None,
+                    "a fixed-buffer request has no control message"
+                );
                 let one = unsent(bufs, sent).next().unwrap_or_default();
                 // A registered buffer lies in a region of at most 1 GiB (checked at registration),
                 // so its length fits the SQE's 32 bits.
@@ -249,13 +326,24 @@ unsafe impl<P: Payload, M: Send + 'static> Op for SendOp<P, M> {
             }
             SendKind::ZeroCopy { zc_flags } => {
                 *msg = crate::sys::send_msghdr(iov, dest);
+                train(msg);
                 on_target!(file, fd, |t| opcode::SendMsgZc::new(t, &*msg))
                     .flags(*flags as u32)
                     .ioprio(zc_flags | bad)
                     .build()
             }
+            SendKind::FixedMsg { index, zc_flags } => {
+                *msg = crate::sys::send_msghdr(iov, dest);
+                train(msg);
+                on_target!(file, fd, |t| opcode::SendMsgZc::new(t, &*msg))
+                    .flags(*flags as u32)
+                    .ioprio(zc_flags | bad)
+                    .buf_index(Some(index))
+                    .build()
+            }
             SendKind::Copy => {
                 *msg = crate::sys::send_msghdr(iov, dest);
+                train(msg);
                 on_target!(file, fd, |t| opcode::SendMsg::new(t, &*msg))
                     .flags(*flags as u32)
                     .ioprio(bad)
@@ -310,7 +398,7 @@ unsafe impl Op for Nop {
 
 #[cfg(test)]
 mod tests {
-    use super::unsent;
+    use super::{fill_iov, unsent};
 
     /// A request sends its payload's bytes after `sent`, across buffer edges, and nothing when
     /// everything (or more, by a wrong count) went: never bytes outside the buffers.
@@ -324,5 +412,21 @@ mod tests {
         assert_eq!(at(5), vec![vec![3; 2]]);
         assert!(at(7).is_empty());
         assert!(at(100).is_empty());
+    }
+
+    /// One datagram of a split train: at most `limit` bytes from `sent`, across buffer edges.
+    #[test]
+    fn an_iovec_stops_at_its_limit() {
+        let bufs = [vec![1u8; 3], vec![3; 4]];
+        let lens = |sent, limit| {
+            let mut iov = smallvec::SmallVec::new();
+            fill_iov(&mut iov, &bufs, sent, limit);
+            iov.iter().map(|v| v.iov_len).collect::<Vec<_>>()
+        };
+        assert_eq!(lens(0, usize::MAX), [3, 4]);
+        assert_eq!(lens(0, 2), [2]);
+        assert_eq!(lens(1, 4), [2, 2]);
+        assert_eq!(lens(3, 10), [4]);
+        assert!(lens(7, 10).is_empty());
     }
 }
