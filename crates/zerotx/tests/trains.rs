@@ -10,9 +10,9 @@ mod util;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
-use std::sync::mpsc;
 use std::time::Duration;
 
+use util::veth::{over_veth, receive_all, receiver, receiver_of, udp_of};
 use util::{connected_udp, require};
 use zerotx::{CopyReason, EngineKind, SendError, SendPath, Sender, SenderConfig};
 
@@ -68,128 +68,6 @@ fn check_datagram(data: &[u8], segment: usize, count: usize, last: usize) -> (u3
     let bad = (8..data.len()).find(|&i| data[i] != pattern(t, d, i));
     assert_eq!(bad, None, "train {t} datagram {d}: a byte changed");
     (t, d)
-}
-
-/// Reads datagrams from `sock` until `timeout` passes without one.
-fn receive_all(sock: &UdpSocket, timeout: Duration) -> Vec<Vec<u8>> {
-    sock.set_read_timeout(Some(timeout)).unwrap();
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 65536];
-    while let Ok(n) = sock.recv(&mut buf) {
-        got.push(buf[..n].to_vec());
-    }
-    got
-}
-
-/// A UDP socket bound to `addr` with an 8 MiB receive buffer (forced past `rmem_max`, as root).
-fn receiver(addr: &str) -> UdpSocket {
-    receiver_of(addr, libc::IPPROTO_UDP).unwrap()
-}
-
-/// As [`receiver`], of `protocol` (UDP or UDP-Lite); `None` (skipped) where the kernel has no
-/// such socket.
-fn receiver_of(addr: &str, protocol: i32) -> Option<UdpSocket> {
-    let addr: SocketAddr = addr.parse().unwrap();
-    let sock = udp_of(protocol)?;
-    sock.bind(&addr.into()).unwrap();
-    let sock: UdpSocket = sock.into();
-    util::set_int_opt(
-        sock.as_fd(),
-        libc::SOL_SOCKET,
-        libc::SO_RCVBUFFORCE,
-        8 << 20,
-    );
-    Some(sock)
-}
-
-/// An IPv4 datagram socket of `protocol` (UDP or UDP-Lite), or `None` (skipped) where the
-/// kernel has none.
-fn udp_of(protocol: i32) -> Option<socket2::Socket> {
-    let proto = Some(socket2::Protocol::from(protocol));
-    match socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, proto) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            require(
-                false,
-                &format!("no datagram sockets of protocol {protocol}: {e}"),
-            );
-            None
-        }
-    }
-}
-
-/// The thread's kernel id, for `ip link set ... netns`.
-fn tid() -> i32 {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() }
-}
-
-/// A veth pair across two fresh namespaces: the sender's side `zc0` (192.0.2.1/24) and the
-/// receiver's `zc1` (192.0.2.2/24), both at `mtu`. `recv` runs in the receiver's namespace with a
-/// socket of `protocol` (UDP, UDP-Lite) bound to 192.0.2.2:9; `send` runs in the sender's once it is bound, after `prep`
-/// set up the sender's namespace. `None`: skipped.
-fn over_veth<R: Send>(
-    mtu: u32,
-    protocol: i32,
-    prep: impl FnOnce() -> bool + Send,
-    recv: impl FnOnce(UdpSocket) -> R + Send,
-    send: impl FnOnce() + Send,
-) -> Option<R> {
-    require!(util::is_root(), else None; "needs root for network namespaces");
-    let mtu = mtu.to_string();
-    let ip = |args: &[&str]| util::run_tool("ip", args, None);
-    zerotx_testbed::in_new_netns(|| {
-        let ok = ip(&["link", "add", "zc0", "type", "veth", "peer", "name", "zc1"])
-            && ip(&["addr", "add", "192.0.2.1/24", "dev", "zc0"])
-            && ip(&["link", "set", "zc0", "mtu", &mtu, "up"])
-            && prep();
-        if !ok {
-            return None;
-        }
-        let (tid_tx, tid_rx) = mpsc::channel();
-        let (moved_tx, moved_rx) = mpsc::channel();
-        let (bound_tx, bound_rx) = mpsc::channel();
-        let (through_tx, through_rx) = mpsc::channel();
-        std::thread::scope(|s| {
-            let far = s.spawn(|| {
-                zerotx_testbed::in_new_netns(move || {
-                    tid_tx.send(tid()).unwrap();
-                    moved_rx.recv().unwrap();
-                    assert!(ip(&["addr", "add", "192.0.2.2/24", "dev", "zc1"]));
-                    assert!(ip(&["link", "set", "zc1", "mtu", &mtu, "up"]));
-                    let sock = receiver_of("192.0.2.2:9", protocol).unwrap();
-                    // The path carries datagrams once one probe came through: until the carrier
-                    // is up, the sending device's queue drops everything without an error.
-                    let probes = UdpSocket::bind("192.0.2.2:8").unwrap();
-                    bound_tx.send(()).unwrap();
-                    probes
-                        .set_read_timeout(Some(Duration::from_secs(10)))
-                        .unwrap();
-                    probes
-                        .recv(&mut [0u8; 8])
-                        .expect("a probe through the veth");
-                    through_tx.send(()).unwrap();
-                    recv(sock)
-                })
-                .expect("the receiver's namespace")
-            });
-            let far_tid = tid_rx.recv().unwrap().to_string();
-            assert!(ip(&["link", "set", "zc1", "netns", &far_tid]));
-            moved_tx.send(()).unwrap();
-            bound_rx.recv().unwrap();
-            let probe = UdpSocket::bind("192.0.2.1:0").unwrap();
-            while through_rx.try_recv().is_err() {
-                let _ = probe.send_to(b"probe", "192.0.2.2:8");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            send();
-            Some(far.join().unwrap())
-        })
-    })
-    .unwrap_or_else(|e| {
-        require(false, &format!("network namespace unavailable: {e}"));
-        None
-    })
 }
 
 /// Sends trains `0..n` (each `count` datagrams of [`SEG`] bytes, the last `last`) through a

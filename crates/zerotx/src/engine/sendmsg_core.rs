@@ -22,7 +22,7 @@ use crate::engine::policy;
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::policy::train::{self as trains, SplitPaths, Train};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::sendmsg_train as gso;
+use crate::engine::sendmsg_train::{self as gso, BatchRuns};
 use crate::engine::unfragmented::Unfragmented;
 use crate::engine::{EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
@@ -97,6 +97,9 @@ pub(crate) struct SendmsgCore<B> {
     pub(crate) settle: Settle,
     /// The paths that refused a train as one GSO packet: their trains go one datagram per call.
     pub(crate) splits: SplitPaths,
+    /// Whether a batch's runs of equal-size datagrams go as trains ([`BatchRuns::off`] unless
+    /// the engine sets it).
+    pub(crate) runs: BatchRuns,
     /// The segments one train call may carry on this kernel, and the bytes.
     train_segments: u16,
     train_v6: bool,
@@ -128,6 +131,7 @@ impl<B: SendBuf> SendmsgCore<B> {
                 zc_bytes: 0,
             },
             splits: SplitPaths::default(),
+            runs: BatchRuns::off(),
             train_segments: gso::kernel_train_segments(),
             train_v6: sock.kind.family == Family::Inet6,
         }

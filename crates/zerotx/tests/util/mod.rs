@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use zerotx::{EngineKind, Released, SendBuf, Sender};
 
+pub mod veth;
+
 /// Every engine, so each scenario runs over all of them.
 pub fn engines() -> &'static [EngineKind] {
     EngineKind::ALL
