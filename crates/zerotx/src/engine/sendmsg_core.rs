@@ -214,6 +214,43 @@ impl<B: SendBuf> SendmsgCore<B> {
         }
     }
 
+    /// Puts `rec` in the ledger, charged to `auto`'s load ([`charge`](Self::charge)).
+    pub(crate) fn insert_charged(&mut self, rec: Record<B>, probe: bool) -> SlotId {
+        let slot = self.ledger.insert(rec);
+        self.charge(slot, probe);
+        slot
+    }
+
+    /// Charges `slot` to `auto`'s load, when `auto` chose zero-copy for it (`probe`: to probe a
+    /// route that copied).
+    #[inline]
+    pub(crate) fn charge(&mut self, slot: SlotId, probe: bool) {
+        if self.settle.auto.is_some() {
+            let rec = self.ledger.item_mut(slot);
+            rec.auto_zc = true;
+            rec.probe = probe;
+            rec.charge = rec.total;
+            self.settle.zc_bytes += rec.total;
+        }
+    }
+
+    /// After a zero-copy datagram send failed: did it take an id? The stack frees the skb of a
+    /// failed send before the call returns, so its completion, if any, is already queued. Returns
+    /// the answer and how many owned ids the error-queue read completed.
+    pub(crate) fn learn_failed_id(
+        &mut self,
+        sock: &Socket,
+        out: &mut Vec<Released<B>>,
+    ) -> (bool, u64) {
+        let id = self.ledger.record_unowned_id();
+        let reaped = self.reap(sock, out);
+        let taken = !self.ledger.retract_unowned(id);
+        if taken {
+            self.stats.zerocopy_ids += 1;
+        }
+        (taken, reaped)
+    }
+
     /// Pushes the head (a stream's rest, or a split train's remaining datagrams) by copy.
     pub(crate) fn push_head(&mut self, sock: &Socket, out: &mut Vec<Released<B>>) {
         let Some(slot) = self.head else { return };

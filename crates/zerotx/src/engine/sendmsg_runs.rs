@@ -12,7 +12,6 @@ use smallvec::SmallVec;
 use socket2::SockAddr;
 
 use crate::buf::SendBuf;
-use crate::engine::msg_zc::common;
 use crate::engine::policy::train::{self as trains, Train, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::sendmsg_core::{SendmsgCore, Wait};
@@ -55,7 +54,7 @@ pub(crate) enum RunSent<B> {
 /// one id, released together after its completion.
 ///
 /// A train the kernel refused sent nothing (docs/kernel.md, "UDP GSO trains"), and a zero-copy id
-/// it took is left unowned ([`common::learn_failed_id`]). Dropped whole (a netfilter drop's
+/// it took is left unowned ([`SendmsgCore::learn_failed_id`]). Dropped whole (a netfilter drop's
 /// `EPERM`, a qdisc's `ENOBUFS`, a pending socket error), the run fails as its first datagram:
 /// that buffer comes back in the error and the rest stay queued, the batch's rule, without a
 /// second chance at the drop. Refused as a train (`EIO` where the path cannot checksum GSO, a
@@ -127,7 +126,7 @@ pub(crate) fn send_run<B: SendBuf>(
                         rec.release(core.settle.zerocopy, &mut core.stats, out);
                     }
                     RunMode::ZeroCopy { probe } => {
-                        let slot = common::insert_record(core, rec, probe);
+                        let slot = core.insert_charged(rec, probe);
                         core.ledger.record_id(slot);
                         core.stats.zerocopy_ids += 1;
                         if let Some(auto) = &mut core.settle.auto {
@@ -145,7 +144,7 @@ pub(crate) fn send_run<B: SendBuf>(
                 RunSent::Full
             }
             Err(e) => {
-                let took_id = zerocopy && common::learn_failed_id(core, sock, out).0;
+                let took_id = zerocopy && core.learn_failed_id(sock, out).0;
                 match trains::on_failure(e.raw_os_error(), took_id) {
                     TrainFailure::Split => {
                         core.splits.refused(None);

@@ -136,7 +136,7 @@ impl<B: SendBuf> MsgZcDatagram<B> {
         // A path that refused GSO before: the kernel's copy, which tells `auto` nothing.
         let split = rec.train.is_some_and(|t| t.split);
         rec.kernel_copied = split;
-        let slot = common::insert_record(core, rec, probe && !split);
+        let slot = core.insert_charged(rec, probe && !split);
         core.ledger.item_mut(slot).auto_zc &= !split;
         let result = write_train(core, sock, slot, out);
         common::finish_send(core, slot, result, out).map(|()| core.stats.trains += 1)
@@ -378,7 +378,7 @@ fn write_train<B: SendBuf>(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
             Err(e) => e,
         };
-        let (took_id, reaped) = common::learn_failed_id(core, sock, out);
+        let (took_id, reaped) = core.learn_failed_id(sock, out);
         match trains::on_failure(error.raw_os_error(), took_id) {
             TrainFailure::Budget => {
                 if let Some(wait) = common::on_budget(core, sock, slot, reaped, out) {
