@@ -114,27 +114,7 @@ pub(crate) fn send_run<B: SendBuf>(
         match result {
             Ok((n, started)) => {
                 let rec = run_record(buf, bufs, &lens, segment, started);
-                core.stats.bytes += n as u64;
-                core.stats.sends += count as u64;
-                core.stats.trains += 1;
-                core.stats.batch_train_buffers += count as u64;
-                core.waiting = Wait::Nothing;
-                match mode {
-                    RunMode::Copy(reason) => {
-                        let mut rec = rec;
-                        rec.copy = reason;
-                        rec.release(core.settle.zerocopy, &mut core.stats, out);
-                    }
-                    RunMode::ZeroCopy { probe } => {
-                        let slot = core.insert_charged(rec, probe);
-                        core.ledger.record_id(slot);
-                        core.stats.zerocopy_ids += 1;
-                        if let Some(auto) = &mut core.settle.auto {
-                            auto.on_accepted();
-                        }
-                        core.seal(slot, out);
-                    }
-                }
+                run_went(core, rec, n, mode, out);
                 RunSent::Sent(count)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -143,22 +123,67 @@ pub(crate) fn send_run<B: SendBuf>(
                 core.stats.would_block += 1;
                 RunSent::Full
             }
-            Err(e) => {
-                let took_id = zerocopy && core.learn_failed_id(sock, out).0;
-                match trains::on_failure(e.raw_os_error(), took_id) {
-                    TrainFailure::Split => {
-                        core.splits.refused(None);
-                        core.stats.train_splits += 1;
-                    }
-                    TrainFailure::Fail(Some(_)) => core.runs.forget_mtu(),
-                    TrainFailure::Budget => {}
-                    // Dropped whole: the run fails as its first datagram, the rest stay queued.
-                    TrainFailure::Fail(None) => break 'run RunSent::Failed(buf, e),
-                }
-                RunSent::Alone(buf, count)
-            }
+            Err(e) => run_refused(core, sock, buf, count, e, zerocopy, out),
         }
     })
+}
+
+/// A run's train call took `n` bytes: `rec` (every buffer of the run) is released at once when
+/// copied, or held under the one id the call took until it completes.
+fn run_went<B: SendBuf>(
+    core: &mut SendmsgCore<B>,
+    mut rec: Record<B>,
+    n: usize,
+    mode: RunMode,
+    out: &mut Vec<Released<B>>,
+) {
+    let count = rec.bufs.len() as u64;
+    core.stats.bytes += n as u64;
+    core.stats.sends += count;
+    core.stats.trains += 1;
+    core.stats.batch_train_buffers += count;
+    core.waiting = Wait::Nothing;
+    match mode {
+        RunMode::Copy(reason) => {
+            rec.copy = reason;
+            rec.release(core.settle.zerocopy, &mut core.stats, out);
+        }
+        RunMode::ZeroCopy { probe } => {
+            let slot = core.insert_charged(rec, probe);
+            core.ledger.record_id(slot);
+            core.stats.zerocopy_ids += 1;
+            if let Some(auto) = &mut core.settle.auto {
+                auto.on_accepted();
+            }
+            core.seal(slot, out);
+        }
+    }
+}
+
+/// The kernel refused the train of a run of `count` buffers from `buf` with `e` (nothing of it
+/// went; a zero-copy call may have taken an id, left unowned): fails as its first datagram when
+/// dropped whole, else its buffers go one datagram per call (see [`send_run`]).
+fn run_refused<B: SendBuf>(
+    core: &mut SendmsgCore<B>,
+    sock: &Socket,
+    buf: B,
+    count: usize,
+    e: io::Error,
+    zerocopy: bool,
+    out: &mut Vec<Released<B>>,
+) -> RunSent<B> {
+    let took_id = zerocopy && core.learn_failed_id(sock, out).0;
+    match trains::on_failure(e.raw_os_error(), took_id) {
+        TrainFailure::Split => {
+            core.splits.refused(None);
+            core.stats.train_splits += 1;
+        }
+        TrainFailure::Fail(Some(_)) => core.runs.forget_mtu(),
+        TrainFailure::Budget => {}
+        // Dropped whole: the run fails as its first datagram, the rest stay queued.
+        TrainFailure::Fail(None) => return RunSent::Failed(buf, e),
+    }
+    RunSent::Alone(buf, count)
 }
 
 /// The record of a run that went: `buf` and the next `lens.len() - 1` buffers of `bufs`, of
