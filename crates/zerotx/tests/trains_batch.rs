@@ -225,6 +225,15 @@ fn black_hole_one_id_per_run() {
         assert_eq!(stats.syscalls, stats.trains, "no refused call: {stats:?}");
         assert_eq!(stats.zerocopy_ids, stats.trains, "{stats:?}");
 
+        let mut tx = Sender::with_config(connected_udp(bh.v4), msg_zc.clone()).unwrap();
+        tx.send_batch(&mut batch(0, &[1000, 1000, 700])).unwrap();
+        tx.flush(Duration::from_secs(5)).unwrap();
+        let said = tx.explain().lines.join("\n");
+        assert!(
+            said.contains("(3 buffers of batches went in them"),
+            "{said}"
+        );
+
         let off = msg_zc.with_batch_trains(false);
         let mut tx = Sender::with_config(connected_udp(bh.v4), off).unwrap();
         tx.send_batch(&mut batch(0, &sizes)).unwrap();
