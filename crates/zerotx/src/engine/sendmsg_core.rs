@@ -563,7 +563,7 @@ impl<B: SendBuf> SendmsgCore<B> {
 }
 
 /// Sends the rest of `rec` by copy until the kernel took it all (`Ok(true)`) or the socket is full
-/// (`Ok(false)`). A datagram goes whole or not at all; a train as [`send_train_copied`] says.
+/// (`Ok(false)`). A datagram goes whole or not at all; a train as [`send_train_copied`](gso::send_train_copied) says.
 #[inline(always)]
 pub(crate) fn send_copied<B: SendBuf>(
     stats: &mut Stats,

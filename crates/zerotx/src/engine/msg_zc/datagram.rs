@@ -91,7 +91,7 @@ impl<B: SendBuf> MsgZcDatagram<B> {
     }
 
     /// A train of `buf` in `segment`-byte datagrams: `auto`'s choice for the train's bytes, then
-    /// one zero-copy GSO call ([`write_train`](Self::write_train)), or by copy.
+    /// one zero-copy GSO call ([`write_train`]), or by copy.
     fn send_train(
         &mut self,
         sock: &Socket,
