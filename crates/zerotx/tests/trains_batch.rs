@@ -9,6 +9,7 @@
 mod util;
 
 use std::collections::VecDeque;
+use std::net::UdpSocket;
 use std::os::fd::AsFd;
 use std::time::Duration;
 
@@ -508,4 +509,40 @@ fn a_path_that_cannot_checksum_a_run_gets_its_datagrams_one_by_one() {
         }
     })
     .unwrap();
+}
+
+/// A pending socket error (the ICMP port unreachable an earlier train met, `ECONNREFUSED`) is
+/// taken by the next train's call: that run fails as its first datagram, the rest stay in the
+/// batch, and the error is not lost, as with one call per datagram.
+#[test]
+fn a_pending_socket_error_fails_the_next_run_as_its_first_datagram() {
+    let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let dest = closed.local_addr().unwrap();
+    drop(closed);
+    for (name, cfg) in batch_engines() {
+        let mut tx = Sender::with_config(connected_udp(dest), cfg).unwrap();
+        let mut met = None;
+        // The ICMP is handled on the way out through loopback, or soon after by ksoftirqd.
+        for round in 0..50u32 {
+            let mut b = batch(round * 4, &[1000; 4]);
+            match tx.send_batch(&mut b) {
+                Ok(()) => std::thread::sleep(Duration::from_millis(10)),
+                Err(SendError::Io { buf, error }) => {
+                    met = Some((round, buf, error, b.len()));
+                    break;
+                }
+                Err(e) => panic!("{name}: {e}"),
+            }
+        }
+        let (round, buf, error, left) = met.unwrap_or_else(|| panic!("{name}: no error met"));
+        assert_eq!(error.raw_os_error(), Some(libc::ECONNREFUSED), "{name}");
+        assert_eq!(buf, datagram(round * 4, 1000), "{name}: the run's first");
+        assert_eq!(left, 3, "{name}: the rest of the run stays");
+        let (_, stats) = util::finish(tx);
+        assert!(stats.trains >= 1, "{name}: {stats:?}");
+        assert_eq!(
+            stats.zerocopy_ids, stats.zerocopy_ids_completed,
+            "{stats:?}"
+        );
+    }
 }
