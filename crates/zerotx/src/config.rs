@@ -30,6 +30,12 @@ pub struct SenderConfig {
     /// `auto`: may it use io_uring (the default where the kernel offers zero-copy requests that
     /// report copies)? `false` keeps it on `sendmsg(2)`, e.g. where policy forbids io_uring.
     pub auto_uring: bool,
+    /// `copy`, `msg-zc` and `auto` on `sendmsg(2)`: a batch's runs of equal-size datagrams
+    /// (the last of a run may be shorter) go as UDP GSO trains, one call (and under `MSG_ZEROCOPY`
+    /// one id) per run, where the socket is connected UDP and the kernel has GSO (the default).
+    /// `false`: one datagram per call, e.g. where netfilter rules must see each datagram (an
+    /// output-hook rule sees a train as one packet: docs/kernel.md, "UDP GSO trains").
+    pub batch_trains: bool,
 }
 
 impl Default for SenderConfig {
@@ -49,7 +55,15 @@ impl SenderConfig {
             zerocopy_first_id: None,
             at_cap: AtCap::default(),
             auto_uring: true,
+            batch_trains: true,
         }
+    }
+
+    /// Whether a batch's runs of equal-size datagrams go as trains (see
+    /// [`batch_trains`](Self::batch_trains)).
+    pub fn with_batch_trains(mut self, on: bool) -> Self {
+        self.batch_trains = on;
+        self
     }
 
     /// `auto`: whether it may use io_uring (see [`auto_uring`](Self::auto_uring)).

@@ -72,10 +72,18 @@ pub(crate) fn build<B: SendBuf>(sock: &Socket, cfg: &SenderConfig) -> Result<Bui
     let asked = vec![Note::Asked(kind)];
     Ok(match kind {
         EngineKind::Auto => return auto(sock, cfg),
-        EngineKind::Copy => Built::new(sendmsg::build(sock, false, 0, None), SENDMSG, asked),
+        EngineKind::Copy => Built::new(
+            sendmsg::build(sock, false, 0, None, cfg.batch_trains),
+            SENDMSG,
+            asked,
+        ),
         EngineKind::MsgZerocopy => {
             let first_id = sock.enable_zerocopy(cfg.zerocopy_first_id)?;
-            Built::new(sendmsg::build(sock, true, first_id, None), SENDMSG, asked)
+            Built::new(
+                sendmsg::build(sock, true, first_id, None, cfg.batch_trains),
+                SENDMSG,
+                asked,
+            )
         }
         EngineKind::Uring | EngineKind::UringZc => {
             let zc = kind == EngineKind::UringZc;
@@ -186,12 +194,16 @@ fn auto_sendmsg<B: SendBuf>(sock: &Socket, cfg: &SenderConfig, mut notes: Vec<No
             let mut policy = AutoPolicy::new(thresholds, caps, cfg.at_cap, true);
             notes.push(Note::SendmsgZerocopy);
             notes.extend(start_local(sock, &mut policy));
-            let engine = sendmsg::build(sock, true, first_id, Some(policy));
+            let engine = sendmsg::build(sock, true, first_id, Some(policy), cfg.batch_trains);
             Built::new(engine, SENDMSG, notes)
         }
         Err(e) => {
             notes.push(Note::NoZerocopy(e.to_string()));
-            Built::new(sendmsg::build(sock, false, 0, None), COPY_ONLY, notes)
+            Built::new(
+                sendmsg::build(sock, false, 0, None, cfg.batch_trains),
+                COPY_ONLY,
+                notes,
+            )
         }
     }
 }

@@ -517,6 +517,9 @@ fn settled<T: Default>(item: &mut T, done: Done) -> Settled<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::policy::train::Train;
+    use crate::engine::record::Record;
+    use crate::report::{SendPath, Stats};
 
     fn r(lo: u32, hi: u32) -> ZcRange {
         ZcRange {
@@ -571,6 +574,105 @@ mod tests {
         assert_eq!(out.len(), 2);
         assert_eq!(l.held(), 0);
         assert_eq!(l.next_id(), 1);
+    }
+
+    /// A record of `lens.len()` buffers of `lens` bytes (each filled with its number from
+    /// `first`): a train of one buffer or a batch's run of several, sent whole, as the engines
+    /// keep it.
+    fn train_record(first: u8, lens: &[usize]) -> Record<Vec<u8>> {
+        let mut bufs = lens.iter().zip(first..).map(|(&len, n)| vec![n; len]);
+        let mut rec = Record::new(bufs.next().unwrap(), None::<Box<socket2::SockAddr>>, None);
+        bufs.for_each(|b| rec.push(b));
+        rec.sent = rec.total;
+        rec.train = Some(Train::new(lens[0] as u16));
+        rec
+    }
+
+    /// Trains across the u32 wrap: a run's train takes id 0xFFFF_FFFF and the next train id 0,
+    /// between single datagrams; one coalesced completion [0xFFFF_FFFE, 1] releases every
+    /// buffer of each, in order, once, whole. No kernel makes 2^32 ids on demand: the real
+    /// trains are `tests/trains_batch.rs`'s.
+    #[test]
+    fn trains_across_the_wrap_release_every_buffer_of_each() {
+        let mut l: Ledger<Record<Vec<u8>>> = Ledger::new(0xFFFF_FFFE);
+        let records = [
+            (train_record(0, &[100]), 0xFFFF_FFFE),
+            (train_record(1, &[1000, 1000, 400]), 0xFFFF_FFFF),
+            (train_record(4, &[1472, 1472]), 0),
+            (train_record(6, &[50]), 1),
+        ];
+        for (rec, want) in records {
+            let s = l.insert(rec);
+            assert_eq!(l.record_id(s), want);
+            assert!(!l.seal_with(s, |_, _| panic!("released before its id completed")));
+        }
+        // A train that failed after its skb was built left its id unowned: the next one.
+        let unowned = l.record_unowned_id();
+        assert_eq!(unowned, 2);
+        let (mut stats, mut out) = (Stats::default(), Vec::new());
+        let released = l.complete_with(r(0xFFFF_FFFE, 1), |rec, done| {
+            assert_eq!(done.ids, 1);
+            rec.release_in_place(true, &mut stats, &mut out);
+        });
+        assert_eq!(released, Ok(4));
+        let got: Vec<(u8, usize)> = out.iter().map(|r| (r.buf[0], r.report.bytes)).collect();
+        let want = [
+            (0, 100),
+            (1, 1000),
+            (2, 1000),
+            (3, 400),
+            (4, 1472),
+            (5, 1472),
+            (6, 50),
+        ];
+        assert_eq!(got, want);
+        assert!(out
+            .iter()
+            .all(|r| r.report.error.is_none() && r.report.path == SendPath::ZeroCopy));
+        assert_eq!(
+            (l.held(), l.ids_in_flight(), l.unowned_in_flight()),
+            (0, 0, 1)
+        );
+        // The unowned id completes alone, releasing nothing; the window is empty after it.
+        assert_eq!(l.complete_with(r(2, 2), |_, _| panic!("unowned")), Ok(1));
+        assert_eq!((l.ids_kept(), l.next_id()), (0, 3));
+    }
+
+    /// The same wrap completed in pieces and out of order: the train at 0 first, then the one at
+    /// 0xFFFF_FFFF with the datagram before it; a range that reaches past the ids sent is refused
+    /// and changes nothing.
+    #[test]
+    fn trains_across_the_wrap_complete_in_any_order() {
+        let mut l: Ledger<Record<Vec<u8>>> = Ledger::new(0xFFFF_FFFE);
+        let slots: Vec<SlotId> = [
+            train_record(0, &[10]),
+            train_record(1, &[20, 20, 5]),
+            train_record(4, &[30, 30]),
+        ]
+        .into_iter()
+        .map(|rec| {
+            let s = l.insert(rec);
+            l.record_id(s);
+            assert!(!l.seal_with(s, |_, _| {}));
+            s
+        })
+        .collect();
+        assert_eq!(slots.len(), 3);
+        let (mut stats, mut out) = (Stats::default(), Vec::new());
+        let mut settle =
+            |rec: &mut Record<Vec<u8>>, _| rec.release_in_place(true, &mut stats, &mut out);
+        assert!(
+            l.complete_with(r(0, 1), &mut settle).is_err(),
+            "id 1 was never sent"
+        );
+        assert_eq!(l.complete_with(r(0, 0), &mut settle), Ok(1));
+        assert_eq!(
+            l.complete_with(r(0xFFFF_FFFE, 0xFFFF_FFFF), &mut settle),
+            Ok(2)
+        );
+        let got: Vec<u8> = out.iter().map(|r| r.buf[0]).collect();
+        assert_eq!(got, [4, 5, 0, 1, 2, 3]);
+        assert_eq!((l.held(), l.next_id()), (0, 1));
     }
 
     #[test]

@@ -172,7 +172,9 @@ fn a_reap_that_completes_every_id_reads_the_error_queue_no_further() {
                 "POLLERR still up after two reaps: {:?}",
                 tx.stats()
             );
-            assert!(tx.stats().skipped_messages >= 32, "{:?}", tx.stats());
+            // At least one timestamp per send call (32 datagrams of one size go as trains).
+            let stats = tx.stats();
+            assert!(stats.skipped_messages >= stats.syscalls, "{stats:?}");
         }
     }
 }

@@ -8,7 +8,8 @@
 //! once per batch too) and liburing's example does (8 per submit). A plain `send` loop would also
 //! enter for the first send after each reap, which finds nothing in flight where completions come
 //! back at once (the black hole). `copy` sends a batch in one `sendmsg` on a stream (the buffers'
-//! bytes in order); datagrams, and `msg-zc`, go one call per buffer.
+//! bytes in order); datagrams, and `msg-zc`, go one call per buffer (the library's batch trains
+//! are off here: trains are columns of their own).
 
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -121,7 +122,10 @@ impl ZerotxDriver {
         batch: usize,
     ) -> anyhow::Result<Self> {
         let (kind, fixed) = kind(engine).context("not a zerotx engine")?;
-        let cfg = SenderConfig::new(kind);
+        // A column measures one shape: its datagrams one call each, as the raw loops send them,
+        // or (with `segment`) trains through `send_train`. `send_batch` would otherwise send a
+        // batch of equal-size datagrams as trains on the sendmsg engines.
+        let cfg = SenderConfig::new(kind).with_batch_trains(false);
         let uring = cfg.uring.with_batch(batch);
         let cfg = cfg.with_uring(uring);
         let mut tx: Sender<PooledBuf> = Sender::with_config(sock, cfg)

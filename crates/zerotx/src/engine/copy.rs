@@ -24,6 +24,8 @@ use crate::engine::policy;
 use crate::engine::policy::sendmsg::{self as rules, CopyBatch};
 use crate::engine::record::Record;
 use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore, Wait};
+use crate::engine::sendmsg_runs::{send_run, RunMode, RunSent};
+use crate::engine::sendmsg_train::BatchRuns;
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::report::{Readiness, Released};
@@ -40,9 +42,12 @@ pub(crate) struct CopyEngine<B> {
 }
 
 impl<B: SendBuf> CopyEngine<B> {
-    pub(crate) fn new(sock: &Socket) -> Self {
+    /// `runs`: whether a batch's runs of equal-size datagrams go as trains.
+    pub(crate) fn new(sock: &Socket, runs: BatchRuns) -> Self {
+        let mut core = SendmsgCore::new(sock, false, 0, None, false);
+        core.runs = runs;
         Self {
-            core: SendmsgCore::new(sock, false, 0, None, false),
+            core,
             batch: rules::copy_batch(sock.kind),
             quiet: 0,
         }
@@ -116,7 +121,8 @@ impl<B: SendBuf> CopyEngine<B> {
         self.core.try_send_train_copy(sock, rec, None, out)
     }
 
-    /// A batch of datagrams: one `send` per buffer, each released as soon as its call returns.
+    /// A batch of datagrams: one `send` per buffer, each released as soon as its call returns;
+    /// a run of equal-size ones as one train where the socket allows ([`send_run`]).
     /// The rules are [`send_each`]'s: a failure is the front buffer's (the kernel took the ones
     /// before it), the rest stay in `bufs`; a full socket puts the buffer back at the front and
     /// ends the batch. A loop of its own: a copied datagram never has a head or a broken stream
@@ -133,15 +139,33 @@ impl<B: SendBuf> CopyEngine<B> {
         let path = policy::release_path(false, None, false);
         let fd = sock.fd();
         let core = &mut self.core;
+        let runs = core.runs.on();
+        // Buffers that go one per call whatever their size: the rest of a run the kernel refused.
+        let mut alone = 0usize;
         let mut taken = 0;
         let refused = loop {
-            let Some(buf) = bufs.pop_front() else {
+            let Some(mut buf) = bufs.pop_front() else {
                 break None;
             };
-            let data = buf.as_bytes();
-            if data.is_empty() {
+            let len = buf.as_bytes().len();
+            if len == 0 {
                 break Some((buf, None));
             }
+            if alone > 0 {
+                alone -= 1;
+            } else if runs && bufs.front().is_some_and(|b| b.as_bytes().len() == len) {
+                // The one size comparison per buffer: a run may start here.
+                match send_run(core, sock, buf, bufs, |_, _| Some(RunMode::Copy(None)), out) {
+                    RunSent::Sent(n) => {
+                        taken += n;
+                        continue;
+                    }
+                    RunSent::Full => return Ok(taken),
+                    RunSent::Alone(b, n) => (buf, alone) = (b, n - 1),
+                    RunSent::Failed(b, error) => break Some((b, Some(error))),
+                }
+            }
+            let data = buf.as_bytes();
             // A sampled buffer's latency runs from its own call, as a lone send's does.
             let started = core.latency.next();
             core.stats.syscalls += 1;

@@ -24,6 +24,7 @@ pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod sendmsg;
 pub(crate) mod sendmsg_core;
+pub(crate) mod sendmsg_runs;
 pub(crate) mod sendmsg_train;
 pub(crate) mod unfragmented;
 pub(crate) mod uring;

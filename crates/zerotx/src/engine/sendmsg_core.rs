@@ -22,7 +22,7 @@ use crate::engine::policy;
 use crate::engine::policy::auto::AutoPolicy;
 use crate::engine::policy::train::{self as trains, SplitPaths, Train};
 use crate::engine::record::{LatencySampler, Record};
-use crate::engine::sendmsg_train as gso;
+use crate::engine::sendmsg_train::{self as gso, BatchRuns};
 use crate::engine::unfragmented::Unfragmented;
 use crate::engine::{EngineKind, EMPTY_BUFFER};
 use crate::error::{Error, Feature, SendError};
@@ -97,6 +97,9 @@ pub(crate) struct SendmsgCore<B> {
     pub(crate) settle: Settle,
     /// The paths that refused a train as one GSO packet: their trains go one datagram per call.
     pub(crate) splits: SplitPaths,
+    /// Whether a batch's runs of equal-size datagrams go as trains ([`BatchRuns::off`] unless
+    /// the engine sets it).
+    pub(crate) runs: BatchRuns,
     /// The segments one train call may carry on this kernel, and the bytes.
     train_segments: u16,
     train_v6: bool,
@@ -128,6 +131,7 @@ impl<B: SendBuf> SendmsgCore<B> {
                 zc_bytes: 0,
             },
             splits: SplitPaths::default(),
+            runs: BatchRuns::off(),
             train_segments: gso::kernel_train_segments(),
             train_v6: sock.kind.family == Family::Inet6,
         }
@@ -208,6 +212,43 @@ impl<B: SendBuf> SendmsgCore<B> {
                 Ok(())
             }
         }
+    }
+
+    /// Puts `rec` in the ledger, charged to `auto`'s load ([`charge`](Self::charge)).
+    pub(crate) fn insert_charged(&mut self, rec: Record<B>, probe: bool) -> SlotId {
+        let slot = self.ledger.insert(rec);
+        self.charge(slot, probe);
+        slot
+    }
+
+    /// Charges `slot` to `auto`'s load, when `auto` chose zero-copy for it (`probe`: to probe a
+    /// route that copied).
+    #[inline]
+    pub(crate) fn charge(&mut self, slot: SlotId, probe: bool) {
+        if self.settle.auto.is_some() {
+            let rec = self.ledger.item_mut(slot);
+            rec.auto_zc = true;
+            rec.probe = probe;
+            rec.charge = rec.total;
+            self.settle.zc_bytes += rec.total;
+        }
+    }
+
+    /// After a zero-copy datagram send failed: did it take an id? The stack frees the skb of a
+    /// failed send before the call returns, so its completion, if any, is already queued. Returns
+    /// the answer and how many owned ids the error-queue read completed.
+    pub(crate) fn learn_failed_id(
+        &mut self,
+        sock: &Socket,
+        out: &mut Vec<Released<B>>,
+    ) -> (bool, u64) {
+        let id = self.ledger.record_unowned_id();
+        let reaped = self.reap(sock, out);
+        let taken = !self.ledger.retract_unowned(id);
+        if taken {
+            self.stats.zerocopy_ids += 1;
+        }
+        (taken, reaped)
     }
 
     /// Pushes the head (a stream's rest, or a split train's remaining datagrams) by copy.
@@ -522,7 +563,7 @@ impl<B: SendBuf> SendmsgCore<B> {
 }
 
 /// Sends the rest of `rec` by copy until the kernel took it all (`Ok(true)`) or the socket is full
-/// (`Ok(false)`). A datagram goes whole or not at all; a train as [`send_train_copied`] says.
+/// (`Ok(false)`). A datagram goes whole or not at all; a train as [`send_train_copied`](gso::send_train_copied) says.
 #[inline(always)]
 pub(crate) fn send_copied<B: SendBuf>(
     stats: &mut Stats,

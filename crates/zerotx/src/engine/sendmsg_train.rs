@@ -2,11 +2,14 @@
 //! GSO call or, where the path refused GSO (`EIO`), one datagram per call; the error a refused
 //! train comes back with; the kernel's segment limit, read once. The decisions are
 //! [`policy::train`](trains)'s; the zero-copy train is `msg-zc`'s (`msg_zc/datagram.rs`).
+//!
+//! [`BatchRuns`]: whether a batch's runs of equal-size datagrams go as trains on a socket, and
+//! within what (they are sent by `sendmsg_runs.rs`).
 
 use std::io;
 
 use crate::buf::SendBuf;
-use crate::engine::policy::train::{self as trains, SplitPaths, Train, TrainFailure};
+use crate::engine::policy::train::{self as trains, RunLimits, SplitPaths, Train, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::unfragmented::Unfragmented;
 use crate::report::Stats;
@@ -96,4 +99,80 @@ pub(crate) fn train_error(error: io::Error) -> io::Error {
 pub(crate) fn kernel_train_segments() -> u16 {
     static SEGMENTS: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
     *SEGMENTS.get_or_init(|| trains::max_segments(&sys::kernel_release().unwrap_or_default()))
+}
+
+/// Whether the runs of equal-size datagrams in a connected socket's batches go as trains
+/// ([`SenderConfig::with_batch_trains`](crate::SenderConfig::with_batch_trains)), and within
+/// what. Invariant: `on` only on a connected UDP socket whose kernel has GSO; `limits` is
+/// `None` until the path MTU was read (at the first run), and again after a run the kernel
+/// refused as too large for the path.
+pub(crate) struct BatchRuns {
+    on: bool,
+    v6: bool,
+    limits: Option<RunLimits>,
+}
+
+impl BatchRuns {
+    /// Runs never go as trains.
+    pub(crate) fn off() -> Self {
+        Self {
+            on: false,
+            v6: false,
+            limits: None,
+        }
+    }
+
+    /// Runs go as trains on `sock` if `wanted` and the socket and kernel allow (the probe:
+    /// [`sys::train::gso_available`]).
+    pub(crate) fn new(sock: &Socket, wanted: bool) -> Self {
+        let on = wanted
+            && sock.connected
+            && trains::carries_trains(sock.kind)
+            && sys::train::gso_available(sock.fd());
+        Self {
+            on,
+            v6: sock.kind.family == crate::socket::Family::Inet6,
+            limits: None,
+        }
+    }
+
+    /// Whether a batch looks for runs at all: the loop's one test before its size comparison.
+    #[inline(always)]
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// The run at the front of a batch (`lens`, front first), if it goes as one train: its
+    /// length and segment size ([`trains::batch_run`]). Not on a path that refused GSO
+    /// (`splits`), nor where the path MTU cannot be read.
+    pub(crate) fn run(
+        &mut self,
+        sock: &Socket,
+        splits: &SplitPaths,
+        lens: impl Iterator<Item = usize>,
+    ) -> Option<(usize, u16)> {
+        if splits.splits(None) {
+            return None;
+        }
+        let limits = match self.limits {
+            Some(l) => l,
+            None => {
+                let mtu = sys::path_mtu(sock.fd(), self.v6).ok()?;
+                let headers = if self.v6 { 48 } else { 28 };
+                let l = RunLimits {
+                    max_segments: kernel_train_segments(),
+                    // IPv4's, the smaller: an IPv6 socket may send to an IPv4-mapped peer.
+                    max_bytes: trains::max_train_bytes(false),
+                    max_segment: usize::try_from(mtu).ok()?.saturating_sub(headers),
+                };
+                *self.limits.insert(l)
+            }
+        };
+        trains::batch_run(lens, limits)
+    }
+
+    /// The kernel refused a run as too large for its path: read the path MTU again at the next.
+    pub(crate) fn forget_mtu(&mut self) {
+        self.limits = None;
+    }
 }

@@ -265,6 +265,12 @@ fn released_line(stats: &Stats) -> Option<String> {
 fn trains_line(stats: &Stats) -> Option<String> {
     (stats.trains > 0).then(|| {
         let mut line = format!("{} trains of datagrams sent as UDP GSO", stats.trains);
+        if stats.batch_train_buffers > 0 {
+            line += &format!(
+                " ({} buffers of batches went in them: runs of one size, one call each)",
+                stats.batch_train_buffers
+            );
+        }
         if stats.train_splits > 0 {
             line += &format!(
                 "; {} destination(s) refused a train as one GSO packet (EIO: the device or the \

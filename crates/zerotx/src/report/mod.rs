@@ -133,6 +133,11 @@ pub struct Stats {
     /// checksum one), sent one datagram per call by copy instead; later trains to that path go so
     /// at once, and are not counted again.
     pub train_splits: u64,
+    /// Buffers of [`Sender::send_batch`](crate::Sender::send_batch) (and `try_send_batch`) that
+    /// went in trains: runs of equal-size datagrams sent as one UDP GSO call each (each run also
+    /// counts one in [`trains`](Self::trains));
+    /// [`SenderConfig::with_batch_trains`](crate::SenderConfig::with_batch_trains).
+    pub batch_train_buffers: u64,
     /// `MSG_ZEROCOPY` ids the kernel took for this sender's calls (as the sender learned them;
     /// a short vsock call counts one).
     pub zerocopy_ids: u64,
@@ -196,6 +201,7 @@ impl Stats {
             cap_bytes,
             trains,
             train_splits,
+            batch_train_buffers,
         } = *other;
         self.sends += sends;
         self.syscalls += syscalls;
@@ -210,6 +216,7 @@ impl Stats {
         self.probes += probes;
         self.trains += trains;
         self.train_splits += train_splits;
+        self.batch_train_buffers += batch_train_buffers;
         self.probes_paid += probes_paid;
         self.switches_to_copy += switches_to_copy;
         self.cap_waits += cap_waits;

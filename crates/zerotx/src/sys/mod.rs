@@ -187,6 +187,16 @@ pub(crate) fn pmtu_mode(fd: BorrowedFd<'_>, v6: bool) -> io::Result<i32> {
     getsockopt_int(fd, level, name)
 }
 
+/// `getsockopt(IP_MTU)` (`IPV6_MTU` with `v6`): the path MTU the kernel holds for a connected
+/// socket's peer (`ENOTCONN` on an unconnected one).
+pub(crate) fn path_mtu(fd: BorrowedFd<'_>, v6: bool) -> io::Result<i32> {
+    if v6 {
+        getsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    } else {
+        getsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU)
+    }
+}
+
 /// `setsockopt(IP_MTU_DISCOVER)` (`IPV6_MTU_DISCOVER` with `v6`) to `mode`.
 pub(crate) fn set_pmtu_mode(fd: BorrowedFd<'_>, v6: bool, mode: i32) -> io::Result<()> {
     let (level, name) = pmtu_option(v6);

@@ -2,7 +2,7 @@
 //! into segments of the size a `UDP_SEGMENT` control message names (Linux 4.18; docs/kernel.md,
 //! "UDP GSO trains").
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::mem;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -69,16 +69,30 @@ pub(crate) fn send_train(
     dest: Option<&SockAddr>,
     extra_flags: libc::c_int,
 ) -> io::Result<usize> {
-    let iov = [libc::iovec {
-        iov_base: buf.as_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    }];
+    send_train_gather(fd, &[IoSlice::new(buf)], segment, dest, extra_flags)
+}
+
+/// As [`send_train`], of the bytes of `bufs` in order, one iovec each: the kernel cuts the
+/// whole message every `segment` bytes across the iovecs (`udp_sendmsg` appends them into one
+/// GSO skb), so buffers of `segment` bytes, the last possibly shorter, are one datagram each.
+#[inline]
+pub(crate) fn send_train_gather(
+    fd: BorrowedFd<'_>,
+    bufs: &[IoSlice<'_>],
+    segment: u16,
+    dest: Option<&SockAddr>,
+    extra_flags: libc::c_int,
+) -> io::Result<usize> {
+    // SAFETY: `IoSlice` is guaranteed ABI-compatible with `iovec` on Unix (its documentation),
+    // so the slice is `bufs.len()` valid iovecs, borrowed for as long as `bufs`.
+    let iov =
+        unsafe { std::slice::from_raw_parts(bufs.as_ptr().cast::<libc::iovec>(), bufs.len()) };
     let mut cmsg = SegmentCmsg::new(segment);
-    let mut msg = send_msghdr(&iov, dest);
+    let mut msg = send_msghdr(iov, dest);
     cmsg.attach(&mut msg);
     let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | extra_flags;
     retry(|| {
-        // SAFETY: `msg` points at `iov` (one slice of the live `buf`), `dest`'s address and
+        // SAFETY: `msg` points at `iov` (slices of the live `bufs`), `dest`'s address and
         // `cmsg`, all alive and unmoved until the call returns; the kernel only reads them.
         let n = unsafe { sendmsg_inline(fd.as_raw_fd(), &msg, flags) };
         if n < 0 {
@@ -87,6 +101,12 @@ pub(crate) fn send_train(
             Ok(n as usize)
         }
     })
+}
+
+/// Whether the kernel has UDP GSO: `getsockopt(SOL_UDP, UDP_SEGMENT)` answers on a UDP socket
+/// (4.18); older kernels answer `ENOPROTOOPT`.
+pub(crate) fn gso_available(fd: BorrowedFd<'_>) -> bool {
+    super::getsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT).is_ok()
 }
 
 /// `sendmsg(2)` by the `syscall` instruction in the caller's frame; returns the kernel's answer

@@ -329,7 +329,8 @@ impl<B: SendBuf> AsyncSender<B> {
     /// Sends the buffers of `bufs` in order, front first, as [`send`](Self::send) sends each:
     /// resolves once every one was accepted, waiting without blocking the thread while the socket
     /// or the zero-copy budget is full. The buffers accepted at one go form one batch for the
-    /// io_uring engines, entered in one `io_uring_enter` per full batch (see
+    /// io_uring engines, entered in one `io_uring_enter` per full batch; on `copy`, `msg-zc` and
+    /// `auto` over `sendmsg(2)`, runs of equal-size datagrams go as UDP GSO trains (see
     /// [`Sender::send_batch`]). Connected sockets only.
     ///
     /// Stops at the first failure: that buffer comes back in the error, the ones after it stay in
@@ -339,10 +340,42 @@ impl<B: SendBuf> AsyncSender<B> {
         self.offer(bufs).await
     }
 
+    /// Sends `buf` as one train of datagrams of `segment` bytes each (the last may be shorter),
+    /// as [`Sender::send_train`] does: one `sendmsg(2)` with a `UDP_SEGMENT` control message
+    /// (UDP GSO), `MSG_ZEROCOPY` on the zero-copy engines; it comes back once, after the train's
+    /// completion, with one report. Resolves once the sender accepted it, waiting without
+    /// blocking the thread while the socket or the zero-copy budget is full. A train the checks
+    /// or the kernel refuse comes back in the error (the kernel's rules: [`Sender::send_train`]).
+    /// Connected UDP sockets; cancel-safe as [`send`](Self::send) is.
+    pub async fn send_train(&self, buf: B, segment: u16) -> Result<(), SendError<B>> {
+        self.offer(One {
+            buf: Some(buf),
+            dest: None,
+            segment: Some(segment),
+        })
+        .await
+    }
+
+    /// As [`send_train`](Self::send_train), to `dest` (a `SocketAddr`).
+    pub async fn send_train_to(
+        &self,
+        buf: B,
+        segment: u16,
+        dest: impl Into<Destination>,
+    ) -> Result<(), SendError<B>> {
+        self.offer(One {
+            buf: Some(buf),
+            dest: Some(dest.into()),
+            segment: Some(segment),
+        })
+        .await
+    }
+
     async fn send_inner(&self, buf: B, dest: Option<Destination>) -> Result<(), SendError<B>> {
         self.offer(One {
             buf: Some(buf),
             dest,
+            segment: None,
         })
         .await
     }
@@ -500,10 +533,11 @@ trait Offer<B: SendBuf> {
     fn take_front(&mut self) -> Option<B>;
 }
 
-/// One buffer, to the connected peer or to `dest`.
+/// One buffer, to the connected peer or to `dest`; a train of `segment`-byte datagrams if given.
 struct One<B> {
     buf: Option<B>,
     dest: Option<Destination>,
+    segment: Option<u16>,
 }
 
 impl<B: SendBuf> Offer<B> for One<B> {
@@ -511,9 +545,11 @@ impl<B: SendBuf> Offer<B> for One<B> {
         let Some(buf) = self.buf.take() else {
             return (0, Ok(true));
         };
-        let res = match self.dest {
-            None => tx.try_send(buf),
-            Some(d) => tx.try_send_to(buf, d),
+        let res = match (self.dest, self.segment) {
+            (None, None) => tx.try_send(buf),
+            (Some(d), None) => tx.try_send_to(buf, d),
+            (None, Some(segment)) => tx.try_send_train(buf, segment),
+            (Some(d), Some(segment)) => tx.try_send_train_to(buf, segment, d),
         };
         match res {
             Ok(()) => (1, Ok(true)),

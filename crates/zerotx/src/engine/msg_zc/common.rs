@@ -74,31 +74,8 @@ fn insert<B: SendBuf>(
         }
         None => core.ledger.insert(Record::new(buf, dest, started)),
     };
-    charge(core, slot, probe);
+    core.charge(slot, probe);
     slot
-}
-
-/// Puts `rec` (a train) in the ledger, charged to `auto`'s load as [`insert`] does.
-pub(crate) fn insert_record<B: SendBuf>(
-    core: &mut SendmsgCore<B>,
-    rec: Record<B>,
-    probe: bool,
-) -> SlotId {
-    let slot = core.ledger.insert(rec);
-    charge(core, slot, probe);
-    slot
-}
-
-/// Charges `slot` to `auto`'s load, when `auto` chose zero-copy for it.
-#[inline]
-fn charge<B: SendBuf>(core: &mut SendmsgCore<B>, slot: SlotId, probe: bool) {
-    if core.settle.auto.is_some() {
-        let rec = core.ledger.item_mut(slot);
-        rec.auto_zc = true;
-        rec.probe = probe;
-        rec.charge = rec.total;
-        core.settle.zc_bytes += rec.total;
-    }
 }
 
 /// Sends from the record's offset until it is fully queued or the socket pushes back: zero-copy
@@ -201,7 +178,7 @@ pub(crate) fn refused<B: SendBuf>(
     out: &mut Vec<Released<B>>,
 ) -> io::Result<Option<Wait>> {
     let (took_id, reaped) = if rules::failure_may_take_id(rule) {
-        learn_failed_id(core, sock, out)
+        core.learn_failed_id(sock, out)
     } else {
         (false, 0)
     };
@@ -249,23 +226,6 @@ pub(crate) fn on_budget<B: SendBuf>(
         }
         BudgetAction::Wait => Some(Wait::Completions),
     }
-}
-
-/// After a zero-copy datagram send failed: did it take an id? The stack frees the skb of a
-/// failed send before the call returns, so its completion, if any, is already queued. Returns
-/// the answer and how many owned ids the error-queue read completed.
-pub(crate) fn learn_failed_id<B: SendBuf>(
-    core: &mut SendmsgCore<B>,
-    sock: &Socket,
-    out: &mut Vec<Released<B>>,
-) -> (bool, u64) {
-    let id = core.ledger.record_unowned_id();
-    let reaped = core.reap(sock, out);
-    let taken = !core.ledger.retract_unowned(id);
-    if taken {
-        core.stats.zerocopy_ids += 1;
-    }
-    (taken, reaped)
 }
 
 /// How a zero-copy send of the record in `slot` ended, `write`'s `result`, as the caller sees

@@ -24,6 +24,8 @@ use crate::engine::policy::sendmsg::IdRule;
 use crate::engine::policy::train::{self as trains, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
+use crate::engine::sendmsg_runs::{send_run, RunMode, RunSent};
+use crate::engine::sendmsg_train::BatchRuns;
 use crate::engine::sendmsg_train::{split_train, train_error};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
@@ -45,9 +47,17 @@ pub(crate) struct MsgZcDatagram<B> {
 impl<B: SendBuf> MsgZcDatagram<B> {
     /// `SO_ZEROCOPY` was accepted on `sock`, whose next zero-copy id is `first_id`; `auto`
     /// chooses per send when given.
-    pub(crate) fn new(sock: &Socket, first_id: u32, auto: Option<AutoPolicy>) -> Self {
+    /// `runs`: whether a batch's runs of equal-size datagrams go as trains.
+    pub(crate) fn new(
+        sock: &Socket,
+        first_id: u32,
+        auto: Option<AutoPolicy>,
+        runs: BatchRuns,
+    ) -> Self {
+        let mut core = SendmsgCore::new(sock, true, first_id, auto, true);
+        core.runs = runs;
         Self {
-            core: SendmsgCore::new(sock, true, first_id, auto, true),
+            core,
             clock: EpochClock::default(),
         }
     }
@@ -81,7 +91,7 @@ impl<B: SendBuf> MsgZcDatagram<B> {
     }
 
     /// A train of `buf` in `segment`-byte datagrams: `auto`'s choice for the train's bytes, then
-    /// one zero-copy GSO call ([`write_train`](Self::write_train)), or by copy.
+    /// one zero-copy GSO call ([`write_train`]), or by copy.
     fn send_train(
         &mut self,
         sock: &Socket,
@@ -126,7 +136,7 @@ impl<B: SendBuf> MsgZcDatagram<B> {
         // A path that refused GSO before: the kernel's copy, which tells `auto` nothing.
         let split = rec.train.is_some_and(|t| t.split);
         rec.kernel_copied = split;
-        let slot = common::insert_record(core, rec, probe && !split);
+        let slot = core.insert_charged(rec, probe && !split);
         core.ledger.item_mut(slot).auto_zc &= !split;
         let result = write_train(core, sock, slot, out);
         common::finish_send(core, slot, result, out).map(|()| core.stats.trains += 1)
@@ -151,11 +161,32 @@ impl<B: SendBuf> MsgZcDatagram<B> {
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
         let fd = sock.fd();
+        let runs = self.core.runs.on();
+        // Buffers that go one per call whatever their size: the rest of a run the kernel refused.
+        let mut alone = 0usize;
         let mut taken = 0;
         loop {
-            let Some(buf) = bufs.pop_front() else {
+            let Some(mut buf) = bufs.pop_front() else {
                 return Ok(taken);
             };
+            if alone > 0 {
+                alone -= 1;
+            } else if runs {
+                // The one size comparison per buffer: a run may start here.
+                let len = buf.as_bytes().len();
+                if len > 0 && bufs.front().is_some_and(|b| b.as_bytes().len() == len) {
+                    let zc = |_: &mut SendmsgCore<B>, _| Some(RunMode::ZeroCopy { probe: false });
+                    match send_run(&mut self.core, sock, buf, bufs, zc, out) {
+                        RunSent::Sent(n) => {
+                            taken += n;
+                            continue;
+                        }
+                        RunSent::Full => return Ok(taken),
+                        RunSent::Alone(b, n) => (buf, alone) = (b, n - 1),
+                        RunSent::Failed(buf, error) => return Err(SendError::Io { buf, error }),
+                    }
+                }
+            }
             let data = buf.as_bytes();
             let len = data.len();
             if len == 0 || !self.core.frag.may_zerocopy(len, None) {
@@ -179,6 +210,50 @@ impl<B: SendBuf> MsgZcDatagram<B> {
                         return Ok(taken);
                     }
                 }
+            }
+            taken += 1;
+        }
+    }
+
+    /// A batch with `auto` (or behind a split train's rest): [`send_each`]'s loop, where a run of
+    /// equal-size datagrams goes as one train ([`send_run`]) once no head waits, zero-copy or by
+    /// copy as `auto` chooses for the run's bytes ([`auto_run`]).
+    fn send_each_or_run(
+        &mut self,
+        sock: &Socket,
+        bufs: &mut VecDeque<B>,
+        out: &mut Vec<Released<B>>,
+    ) -> Result<usize, SendError<B>> {
+        let mut alone = 0usize;
+        let mut taken = 0;
+        loop {
+            let run = match (bufs.front(), bufs.get(1)) {
+                (Some(a), Some(b)) => {
+                    let len = a.as_bytes().len();
+                    len > 0 && b.as_bytes().len() == len
+                }
+                _ => false,
+            };
+            if alone == 0 && run && self.core.head.is_none() {
+                let buf = bufs.pop_front().expect("checked");
+                let clock = &mut self.clock;
+                let mode = |core: &mut SendmsgCore<B>, bytes| auto_run(core, clock, bytes);
+                match send_run(&mut self.core, sock, buf, bufs, mode, out) {
+                    RunSent::Sent(n) => {
+                        taken += n;
+                        continue;
+                    }
+                    RunSent::Full => return Ok(taken),
+                    RunSent::Alone(b, n) => {
+                        bufs.push_front(b);
+                        alone = n;
+                    }
+                    RunSent::Failed(buf, error) => return Err(SendError::Io { buf, error }),
+                }
+            }
+            alone = alone.saturating_sub(1);
+            if !send_front(bufs, |buf| self.send_one(sock, buf, None, out))? {
+                return Ok(taken);
             }
             taken += 1;
         }
@@ -303,7 +378,7 @@ fn write_train<B: SendBuf>(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Wait::Writable),
             Err(e) => e,
         };
-        let (took_id, reaped) = common::learn_failed_id(core, sock, out);
+        let (took_id, reaped) = core.learn_failed_id(sock, out);
         match trains::on_failure(error.raw_os_error(), took_id) {
             TrainFailure::Budget => {
                 if let Some(wait) = common::on_budget(core, sock, slot, reaped, out) {
@@ -318,6 +393,35 @@ fn write_train<B: SendBuf>(
             }
             TrainFailure::Fail(_) => return Err(train_error(error)),
         }
+    }
+}
+
+/// How a run goes under `auto` ([`send_run`]'s mode): by copy below [`trains::auto_copies`]'s
+/// threshold (of what a zero-copy train of it would carry), else as `auto`'s per-send rules choose
+/// (`None`: wait for completions). Zero-copy without `auto`.
+fn auto_run<B: SendBuf>(
+    core: &mut SendmsgCore<B>,
+    clock: &mut EpochClock,
+    zc_bytes: usize,
+) -> Option<RunMode> {
+    let Some(auto) = &mut core.settle.auto else {
+        return Some(RunMode::ZeroCopy { probe: false });
+    };
+    // A zero-copy train would carry only `zc_bytes`: short of the threshold, the whole run
+    // goes as one copied train instead.
+    if trains::auto_copies(zc_bytes) {
+        return Some(RunMode::Copy(Some(CopyReason::Small)));
+    }
+    let load = Load {
+        sends: core.ledger.ids_in_flight(),
+        bytes: core.settle.zc_bytes,
+    };
+    let choice = auto.choose(zc_bytes, false, load);
+    clock.tick(auto);
+    match choice {
+        Choice::Copy(reason) => Some(RunMode::Copy(Some(reason))),
+        Choice::Wait => None,
+        Choice::ZeroCopy { probe } => Some(RunMode::ZeroCopy { probe }),
     }
 }
 
@@ -341,6 +445,8 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         sys::fenced!(
             if self.core.settle.auto.is_none() && self.core.head.is_none() {
                 self.send_plain(sock, bufs, out)
+            } else if self.core.runs.on() {
+                self.send_each_or_run(sock, bufs, out)
             } else {
                 send_each(bufs, |buf| self.send_one(sock, buf, None, out))
             }

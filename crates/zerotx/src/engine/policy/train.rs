@@ -156,6 +156,88 @@ pub(crate) fn on_failure(errno: Option<i32>, took_id: bool) -> TrainFailure {
     }
 }
 
+/// What limits a run of a batch's buffers sent as one train ([`batch_run`]): the kernel's
+/// segments per call and bytes per GSO packet, and the largest datagram the path carries
+/// unfragmented (a segment above it is refused after the skb was built: never a candidate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunLimits {
+    pub(crate) max_segments: u16,
+    pub(crate) max_bytes: usize,
+    pub(crate) max_segment: usize,
+}
+
+/// How many buffers from the front of a batch (`lens`: their lengths, front first) go as one
+/// train, and its segment size: consecutive buffers of the first one's size, the last of the run
+/// possibly shorter (it ends the run), within `limits`. `None` when fewer than two would go: a
+/// lone datagram is no train. The kernel cuts a train by bytes across its iovecs
+/// (`udp_sendmsg` builds one skb of the whole message, `__udp_gso_segment` cuts it every
+/// `gso_size` bytes), so buffer `i` of the run is datagram `i`.
+pub(crate) fn batch_run(
+    mut lens: impl Iterator<Item = usize>,
+    limits: RunLimits,
+) -> Option<(usize, u16)> {
+    let first = lens.next()?;
+    if first == 0 || first > limits.max_segment || first > usize::from(u16::MAX) {
+        return None;
+    }
+    let (mut count, mut bytes) = (1usize, first);
+    for len in lens {
+        if count >= usize::from(limits.max_segments)
+            || len == 0
+            || len > first
+            || bytes + len > limits.max_bytes
+        {
+            break;
+        }
+        count += 1;
+        bytes += len;
+        if len < first {
+            break;
+        }
+    }
+    (count >= 2).then_some((count, first as u16))
+}
+
+/// The page fragments one zero-copy skb holds (`MAX_SKB_FRAGS`, 17 unless the kernel was built
+/// with more): `__zerocopy_sg_from_iter` pins the caller's pages into the skb's fragments, one
+/// iovec at a time, and answers `EMSGSIZE` for the whole call (no id taken, measured on 6.18)
+/// when they run out, or when an iovec begins once all are taken, even one that would continue
+/// the last fragment. A fragment grows only over contiguous bytes of one page, so a train from
+/// one buffer of 64 KiB fits, and a run of separate buffers takes at least one fragment each.
+pub(crate) const ZEROCOPY_FRAGS: usize = 17;
+
+/// How many buffers of a run (`spans`: each buffer's address and length, in order) fit one
+/// zero-copy skb's [`ZEROCOPY_FRAGS`] fragments, counted as the kernel fills them: a new
+/// fragment per page, except where a buffer continues the previous one's bytes in the same page;
+/// no buffer begins once every fragment is taken.
+pub(crate) fn zerocopy_run_len(spans: impl Iterator<Item = (usize, usize)>) -> usize {
+    const PAGE: usize = 4096;
+    let (mut frags, mut end, mut count) = (0usize, None::<usize>, 0usize);
+    for (addr, len) in spans {
+        if frags == ZEROCOPY_FRAGS {
+            break;
+        }
+        let mut at = addr;
+        let stop = addr + len;
+        let mut need = frags;
+        let mut last = end;
+        while at < stop {
+            let page_end = (at / PAGE + 1) * PAGE;
+            if last != Some(at) || at % PAGE == 0 {
+                need += 1;
+            }
+            let upto = page_end.min(stop);
+            last = Some(upto);
+            at = upto;
+        }
+        if need > ZEROCOPY_FRAGS {
+            break;
+        }
+        (frags, end, count) = (need, last, count + 1);
+    }
+    count
+}
+
 /// Destinations remembered as refusing GSO before the memory is cleared.
 const SPLIT_CACHE: usize = 1024;
 
@@ -296,5 +378,57 @@ mod tests {
         assert_eq!(Train::new(1472).count(64_768), 44);
         assert_eq!(Train::new(1472).count(64_769), 45);
         assert_eq!(Train::new(1472).count(1), 1);
+    }
+
+    #[test]
+    fn a_batch_run_is_equal_sizes_the_last_maybe_shorter_within_the_limits() {
+        let lim = RunLimits {
+            max_segments: 4,
+            max_bytes: 65_507,
+            max_segment: 1472,
+        };
+        let run = |lens: &[usize], lim| batch_run(lens.iter().copied(), lim);
+        assert_eq!(run(&[1000, 1000, 1000], lim), Some((3, 1000)));
+        assert_eq!(run(&[1000, 1000, 500, 1000], lim), Some((3, 1000)));
+        assert_eq!(run(&[1000, 500, 500], lim), Some((2, 1000)));
+        assert_eq!(run(&[1000, 1200, 1000], lim), None, "a longer one ends it");
+        assert_eq!(run(&[1000, 0, 1000], lim), None, "an empty one ends it");
+        assert_eq!(run(&[1000], lim), None, "one datagram is no train");
+        assert_eq!(run(&[], lim), None);
+        assert_eq!(run(&[1500, 1500], lim), None, "above the path MTU");
+        assert_eq!(run(&[100; 9], lim), Some((4, 100)), "the segment limit");
+        let bytes = RunLimits {
+            max_bytes: 2500,
+            ..lim
+        };
+        assert_eq!(
+            run(&[1000, 1000, 1000], bytes),
+            Some((2, 1000)),
+            "the byte limit"
+        );
+        let big = RunLimits {
+            max_segment: 70_000,
+            ..lim
+        };
+        assert_eq!(run(&[65_536, 65_536], big), None, "a segment is a u16");
+    }
+
+    #[test]
+    fn a_zero_copy_run_fits_the_skb_fragments() {
+        // One contiguous, page-aligned block cut in 1472-byte buffers: 44 take 16 pages.
+        let contiguous = (0..44).map(|i| (0x10_0000 + i * 1472, 1472));
+        assert_eq!(zerocopy_run_len(contiguous), 44);
+        // Separate buffers, each alone in its page: one fragment each.
+        let apart = (0..44).map(|i| (0x10_0000 + i * 8192, 1472));
+        assert_eq!(zerocopy_run_len(apart), ZEROCOPY_FRAGS);
+        // Separate buffers that each cross a page: two fragments each.
+        let crossing = (0..44).map(|i| (0x10_0000 + i * 8192 + 4000, 1472));
+        assert_eq!(zerocopy_run_len(crossing), ZEROCOPY_FRAGS / 2);
+        // A continuation into the next page still takes that page's fragment.
+        assert_eq!(zerocopy_run_len([(4000, 96), (4096, 100)].into_iter()), 2);
+        // 44 contiguous buffers from 3344 bytes into a page span 17 pages, and the 44th begins
+        // once all 17 fragments are taken: the kernel refused that call (EMSGSIZE).
+        let late = (0..44).map(|i| (0x10_0000 + 3344 + i * 1472, 1472));
+        assert_eq!(zerocopy_run_len(late), 43);
     }
 }
