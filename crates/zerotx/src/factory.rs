@@ -6,11 +6,10 @@
 //! - **io_uring** (`SEND_ZC`/`SENDMSG_ZC` and `SENDMSG`) for TCP and UDP when the kernel has
 //!   zero-copy requests *and* says in their notifications whether it copied
 //!   (`IORING_SEND_ZC_REPORT_USAGE`, 6.2): many sends per `io_uring_enter`, registered buffers
-//!   when a pool is registered. One exception inside it: buffers it copies on a byte stream whose
-//!   route copies (any size), and small ones it copies elsewhere, go by one gathered `sendmsg(2)`
-//!   when none of the stream's requests is out
-//!   ([`policy::write_now`](crate::engine::policy::write_now)): for them a request costs more than
-//!   the call it replaces.
+//!   when a pool is registered. One exception inside it: buffers under 16 KiB that it copies on a
+//!   byte stream go by one gathered `sendmsg(2)` when none of the stream's requests is out
+//!   ([`policy::write_now`](crate::engine::policy::write_now)): for them a request costs more than the
+//!   call it replaces.
 //! - **`sendmsg(2)`** with `MSG_ZEROCOPY` otherwise: vsock, a kernel whose io_uring cannot tell
 //!   a copied send from a zero-copy one (no `IORING_SEND_ZC_REPORT_USAGE`: mainline 6.1; checked
 //!   with one real send, since distributions backport it), so `auto` could not learn; io_uring

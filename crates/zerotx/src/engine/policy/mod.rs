@@ -12,8 +12,7 @@
 //! - [`zerocopy_call_len`]: how many bytes one zero-copy call may carry (vsock: one packet).
 //! - [`fixed_buffer`] and [`batch_fits`]: when io_uring sends from registered memory, and how
 //!   many buffers one request may pin.
-//! - [`write_now`]: when `auto` on io_uring writes a copy with `sendmsg(2)` instead of a request:
-//!   every copy on a route that copies, small ones elsewhere.
+//! - [`write_now`]: when `auto` on io_uring writes a copy with `sendmsg(2)` instead of a request.
 //! - [`auto`]: the `auto` engine's per-send choice between zero-copy and copy, from what the
 //!   kernel reports.
 
@@ -126,26 +125,18 @@ pub(crate) fn fixed_buffer(len: usize, byte_stream: bool) -> bool {
 /// stream requests").
 pub(crate) const MAX_STREAM_REQUEST: usize = 2 << 20;
 
-/// Buffers smaller than this, when `auto` copies them for a reason other than the route (they are
-/// small, or the in-flight cap is reached) on a byte stream with nothing of the stream in the
-/// kernel's hands, go by one gathered `sendmsg(2)` rather than an io_uring request.
+/// Buffers smaller than this, when `auto` copies them on a byte stream with nothing of the stream
+/// in the kernel's hands, go by one gathered `sendmsg(2)` rather than an io_uring request.
 pub(crate) const WRITE_NOW_BELOW: usize = 16 * 1024;
 
-/// Whether `auto` on io_uring copies a byte stream's buffer of `len` bytes, copied for `reason`,
-/// with `sendmsg(2)` at once (the `copy` engine's gathered write) rather than a request; asked for
-/// the front buffer and for each one a run gathers after it.
-///
-/// On a route that copies (`RouteCopies`: loopback, or a local peer learnt from the completions)
-/// every size goes as a write, as `copy` writes it: the kernel copies every byte either way, a
-/// request adds its own cost (io_uring copies in the msghdr and iovec, allocates, posts a CQE; the
-/// engine keeps a record) and, with a socket that has room, waits for nothing a write would not.
-/// Small copies go as writes too: they pay a request's fixed cost per few bytes. Other copies from
-/// 16 KiB (a budget's, on a route that may pay) go as requests, so a large buffer after small
-/// ones keeps its own request and its zero-copy choice. Whatever a short write leaves goes as a
-/// request, which waits for room in the kernel (`MSG_WAITALL`) (docs/fast-path.md;
-/// benches/HISTORY.md, "`auto` at small stream sends", "`auto` at large stream copies").
-pub(crate) fn write_now(reason: CopyReason, len: usize) -> bool {
-    reason == CopyReason::RouteCopies || len < WRITE_NOW_BELOW
+/// Whether `auto` on io_uring copies a byte stream's front run of buffers, the first `len` bytes
+/// long, with `sendmsg(2)` at once (the `copy` engine's gathered write) rather than a request.
+/// Small sends pay a request's fixed cost per few bytes (io_uring copies in the msghdr and iovec,
+/// allocates, posts a CQE; the engine keeps a record). From 16 KiB the request wins: it waits for
+/// room in the kernel (`MSG_WAITALL`), where a write returns short and the rest needs a request
+/// anyway (docs/fast-path.md; benches/HISTORY.md, "`auto` at small stream sends").
+pub(crate) fn write_now(len: usize) -> bool {
+    len < WRITE_NOW_BELOW
 }
 
 /// Whether a request that would pin `charge` bytes may grow to it: as much as half the
@@ -297,15 +288,6 @@ mod tests {
         );
         assert_eq!(release_path(true, None, true), SendPath::Copied(Kernel));
         assert_eq!(release_path(true, None, false), SendPath::ZeroCopy);
-    }
-
-    #[test]
-    fn copies_to_a_copying_route_are_written_at_every_size() {
-        for len in [1, WRITE_NOW_BELOW - 1, WRITE_NOW_BELOW, 1 << 20, 64 << 20] {
-            assert!(write_now(CopyReason::RouteCopies, len), "{len}");
-            assert_eq!(write_now(CopyReason::Small, len), len < WRITE_NOW_BELOW);
-            assert_eq!(write_now(CopyReason::Budget, len), len < WRITE_NOW_BELOW);
-        }
     }
 
     #[test]

@@ -161,8 +161,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
     }
 
     /// Forms records from the queue while order and the in-flight cap allow, and pushes them;
-    /// `auto`'s copies on a byte stream are written at once ([`write_now`]) where
-    /// [`policy::write_now`] says so.
+    /// `auto`'s small copies on a byte stream are written at once ([`write_now`]).
     ///
     /// [`write_now`]: Self::write_now
     pub(super) fn issue(&mut self, ring: &mut Ring, out: &mut Vec<Released<B>>) -> io::Result<()> {
@@ -178,10 +177,11 @@ impl<B: SendBuf, O: Order> State<B, O> {
             let mut zc = self.zc;
             let mut chosen = None;
             let mut copy_reason = None;
-            let mut len = 0;
+            let mut direct = false;
             if let Some(auto) = &mut self.auto {
                 let (first, _) = self.queue.front().expect("queue not empty");
-                len = first.as_bytes().len();
+                let len = first.as_bytes().len();
+                direct = self.order.merge() && policy::write_now(len);
                 let (bytes, sends) = self.budget.pinned();
                 let load = Load { sends, bytes };
                 let choice = auto.choose(len, fixed, load);
@@ -197,8 +197,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
                     Choice::Wait => return Ok(()),
                 }
             }
-            let direct = copy_reason.filter(|&r| self.order.merge() && policy::write_now(r, len));
-            if let Some(reason) = direct {
+            if let (Some(reason), true) = (copy_reason, direct) {
                 // `may_issue` held: nothing of this stream is in the kernel's hands or waiting.
                 if !self.write_now(ring, reason, out)? {
                     return Ok(());
@@ -281,7 +280,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
         Ok(true)
     }
 
-    /// `auto`'s copy of buffers on a byte stream with nothing of the stream in the kernel's
+    /// `auto`'s copy of small buffers on a byte stream with nothing of the stream in the kernel's
     /// hands ([`policy::write_now`]): the queue's front run of them goes in one `sendmsg(2)`
     /// ([`sys::send_gather`], at most [`sys::GATHER_MAX`] buffers and [`sys::GATHER_BYTES`]
     /// bytes, the first buffer whatever its size), as the `copy` engine writes a batch, not as a
@@ -301,11 +300,11 @@ impl<B: SendBuf, O: Order> State<B, O> {
             // Never here: the descriptor goes only when the engine is dropped.
             return self.form_copy(ring, reason);
         };
-        // The buffers at the front that policy writes: one it does not goes as a request.
+        // The small buffers at the front: a large one after them goes as a request.
         let run = (self.queue.iter().take(self.cfg.batch.max(1)))
             .map(|(b, _)| b.as_bytes())
             .enumerate()
-            .take_while(|(i, b)| *i == 0 || policy::write_now(reason, b.len()))
+            .take_while(|(i, b)| *i == 0 || policy::write_now(b.len()))
             .map(|(_, b)| b);
         let slices = sys::gather_run(run);
         let n = slices.len();
