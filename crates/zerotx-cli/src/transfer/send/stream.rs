@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -275,6 +275,11 @@ fn run_engine(
     let stream = conn.stream;
     // The sender owns the socket until `close`, which samples it a last time.
     end.sampler = TcpSampler::new(conn.fd.as_raw_fd(), ctl.counters.tcp.clone());
+    if trains.per_train().is_some() {
+        if let Some(why) = train::mtu_refusal(conn.fd.as_fd(), size) {
+            end.trains_off(&mut trains, format!("the path refuses them: {why}"));
+        }
+    }
     let mut tx = match Sender::new(conn.fd, engine) {
         Ok(tx) => tx,
         Err(e) => return end.failed(anyhow::anyhow!("engine {engine}: {e}")),

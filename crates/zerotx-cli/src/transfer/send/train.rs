@@ -5,6 +5,7 @@
 //! stream either way, so the receiver's count of lost and reordered datagrams reads the same.
 
 use std::io;
+use std::os::fd::BorrowedFd;
 
 /// A stream's trains: on while the engine and the path take them.
 #[derive(Debug)]
@@ -85,6 +86,28 @@ pub fn refusal(e: &io::Error) -> Option<String> {
         Some(_) => return None,
     };
     Some(why.into())
+}
+
+/// Why trains cannot go on the connected UDP socket `fd` for datagrams of `size` bytes, known
+/// before the first train: a datagram and its IP and UDP headers above the path MTU. The kernel
+/// never fragments a train's segment (it refuses the train, `EMSGSIZE`), where one datagram per
+/// call goes fragmented. Asked up front because an io_uring engine answers a refused train only
+/// in its release, after later trains went. `None`: trains may go (or the MTU is unknown, and the
+/// kernel's answer to the first train says).
+pub fn mtu_refusal(fd: BorrowedFd<'_>, size: usize) -> Option<String> {
+    let v6 = socket2::SockRef::from(&fd).local_addr().ok()?.is_ipv6();
+    let (mtu, headers) = if v6 {
+        (rustix::net::sockopt::ipv6_mtu(fd), 48)
+    } else {
+        (rustix::net::sockopt::ip_mtu(fd), 28)
+    };
+    let mtu = usize::try_from(mtu.ok()?).ok()?;
+    (size + headers > mtu).then(|| {
+        format!(
+            "a {size} B datagram with its {headers} B of headers is above the path MTU of {mtu} B, \
+             and the kernel does not fragment a train's datagrams"
+        )
+    })
 }
 
 #[cfg(test)]
