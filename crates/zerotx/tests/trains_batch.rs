@@ -223,8 +223,16 @@ fn black_hole_one_id_per_run() {
         assert_eq!(released.len(), 99);
         assert!(released.iter().all(|r| r.report.path == SendPath::ZeroCopy));
         assert!(stats.trains >= 99u64.div_ceil(17), "{stats:?}");
-        assert_eq!(stats.syscalls, stats.trains, "no refused call: {stats:?}");
-        assert_eq!(stats.zerocopy_ids, stats.trains, "{stats:?}");
+        // How many buffers a zero-copy train carries depends on where the allocator put them
+        // (17 page fragments per skb), so a run may end with one buffer, which goes alone: every
+        // call is a train or a lone datagram, none refused, and each took one id.
+        let alone = 99 - stats.batch_train_buffers;
+        assert_eq!(
+            stats.syscalls,
+            stats.trains + alone,
+            "no refused call: {stats:?}"
+        );
+        assert_eq!(stats.zerocopy_ids, stats.syscalls, "{stats:?}");
 
         let mut tx = Sender::with_config(connected_udp(bh.v4), msg_zc.clone()).unwrap();
         tx.send_batch(&mut batch(0, &[1000, 1000, 700])).unwrap();
