@@ -59,7 +59,17 @@ RUSTDOCFLAGS="-D warnings" cargo rustdoc -q -p zerotx-cli --bin zerotx --target-
 echo "== fuzz: cmsg decoder (${ZEROTX_FUZZ_SECONDS:=20} s)"
 if command -v cargo-fuzz >/dev/null 2>&1; then
   # cargo-fuzz wants nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
-  RUSTC_BOOTSTRAP=1 cargo fuzz run cmsg_decode -- -max_total_time="$ZEROTX_FUZZ_SECONDS" 2>&1 | tail -n 3
+  # Its last lines on success; on failure (a crash, or a fuzz build that does not compile: the
+  # fuzz crate has a lock file of its own) enough of the output to say which.
+  fuzz_log="$(mktemp -t zerotx-fuzz.XXXXXX)"
+  if RUSTC_BOOTSTRAP=1 cargo fuzz run cmsg_decode -- -max_total_time="$ZEROTX_FUZZ_SECONDS" >"$fuzz_log" 2>&1; then
+    tail -n 3 "$fuzz_log"
+  else
+    grep -m 20 -E '^error|panicked|SUMMARY|crash' "$fuzz_log" || true
+    tail -n 20 "$fuzz_log"
+    echo "fuzz: cmsg_decode failed (whole output: $fuzz_log)" >&2
+    exit 1
+  fi
 elif [ "${ZEROTX_STRICT:-0}" = 1 ]; then
   echo "ZEROTX_STRICT=1 and cargo-fuzz is missing (cargo install cargo-fuzz --locked)" >&2
   exit 1
