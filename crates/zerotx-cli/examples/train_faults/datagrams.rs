@@ -104,6 +104,24 @@ pub(crate) fn assert_arrived_in_order(order: &[(u32, u32)], trains: &[u32], coun
     }
 }
 
+/// Asserts that exactly `trains`, each of `count` datagrams, arrived, each train's datagrams in
+/// order (trains may interleave).
+pub(crate) fn assert_each_train_in_order(order: &[(u32, u32)], trains: &[u32], count: u32) {
+    assert_eq!(
+        order.len(),
+        trains.len() * count as usize,
+        "datagrams received"
+    );
+    for &t in trains {
+        let got: Vec<u32> = order.iter().filter(|o| o.0 == t).map(|o| o.1).collect();
+        assert_eq!(
+            got,
+            (0..count).collect::<Vec<u32>>(),
+            "train {t}'s datagrams"
+        );
+    }
+}
+
 pub(crate) fn set_int(fd: impl AsFd, level: i32, name: i32, v: i32) -> io::Result<()> {
     // SAFETY: v is a live local of the size given; the fd is borrowed for the call.
     let r = unsafe {
