@@ -137,7 +137,7 @@ impl BatchRuns {
     }
 
     /// Whether a batch looks for runs at all: the loop's one test before its size comparison.
-    #[inline(always)]
+    #[inline]
     pub(crate) fn on(&self) -> bool {
         self.on
     }
