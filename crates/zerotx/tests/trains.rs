@@ -13,7 +13,7 @@ use std::os::fd::AsFd;
 use std::time::Duration;
 
 use util::trains::{check_datagram, send_trains, train, SEG};
-use util::veth::{over_veth, receive_all, receiver, receiver_of, udp_of};
+use util::veth::{over_veth, receive_all, receiver, receiver_of, tbf, udp_of};
 use util::{connected_udp, require};
 use zerotx::{CopyReason, EngineKind, SendError, SendPath, Sender, SenderConfig};
 
@@ -185,20 +185,11 @@ fn qdisc_drops_with_recverr_release_nothing_early() {
     const TRAINS: u32 = 200;
     const COUNT: usize = 20;
     for (name, cfg) in train_engines() {
-        let tbf = || {
-            util::run_tool(
-                "tc",
-                &[
-                    "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "20mbit", "burst", "32kb",
-                    "limit", "64kb",
-                ],
-                None,
-            )
-        };
+        let qdisc = || tbf("20mbit", "32kb", "64kb");
         let result = over_veth(
             1500,
             libc::IPPROTO_UDP,
-            tbf,
+            qdisc,
             |sock| receive_all(&sock, Duration::from_secs(2)),
             || {
                 let sock = connected_udp("192.0.2.2:9".parse().unwrap());
@@ -349,20 +340,11 @@ fn a_path_that_cannot_checksum_a_train_gets_its_datagrams_one_by_one() {
 #[test]
 fn a_split_train_that_fills_the_socket_finishes_first() {
     const TRAINS: u32 = 12;
-    let tbf = || {
-        util::run_tool(
-            "tc",
-            &[
-                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "4mbit", "burst", "8kb",
-                "limit", "1mb",
-            ],
-            None,
-        )
-    };
+    let qdisc = || tbf("4mbit", "8kb", "1mb");
     let result = over_veth(
         1500,
         libc::IPPROTO_UDPLITE,
-        tbf,
+        qdisc,
         |sock| receive_all(&sock, Duration::from_secs(1)),
         || {
             let sock = udp_of(libc::IPPROTO_UDPLITE).unwrap();

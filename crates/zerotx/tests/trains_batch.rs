@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use util::veth::{over_veth, receive_all, receiver_of, udp_of};
+use util::veth::{over_veth, receive_all, receiver_of, tbf, udp_of};
 use util::{connected_udp, require};
 use zerotx::{CopyReason, EngineKind, SendError, SendPath, Sender, SenderConfig, Stats};
 
@@ -403,20 +403,11 @@ fn qdisc_drops_with_recverr_lose_no_buffer_and_repeat_no_datagram() {
     const ROUNDS: u32 = 60;
     const RUN: usize = 20;
     for (name, cfg) in batch_engines() {
-        let tbf = || {
-            util::run_tool(
-                "tc",
-                &[
-                    "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "50mbit", "burst", "32kb",
-                    "limit", "64kb",
-                ],
-                None,
-            )
-        };
+        let qdisc = || tbf("50mbit", "32kb", "64kb");
         let result = over_veth(
             1500,
             libc::IPPROTO_UDP,
-            tbf,
+            qdisc,
             |sock| receive_all(&sock, Duration::from_secs(2)),
             || {
                 let sock = connected_udp("192.0.2.2:9".parse().unwrap());

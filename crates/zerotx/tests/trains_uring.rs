@@ -15,7 +15,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use util::trains::{check_datagram, send_trains, train, SEG};
-use util::veth::{over_veth, receive_all, receiver, receiver_of, udp_of};
+use util::veth::{over_veth, receive_all, receiver, receiver_of, tbf, udp_of};
 use util::{connected_udp, require};
 use zerotx::{
     BufPool, CopyReason, EngineKind, PooledBuf, Released, SendError, SendPath, Sender,
@@ -311,20 +311,11 @@ fn qdisc_drops_with_recverr_fail_their_trains_only() {
         return;
     };
     for (name, cfg) in engines {
-        let tbf = || {
-            util::run_tool(
-                "tc",
-                &[
-                    "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "20mbit", "burst", "32kb",
-                    "limit", "64kb",
-                ],
-                None,
-            )
-        };
+        let qdisc = || tbf("20mbit", "32kb", "64kb");
         let result = over_veth(
             1500,
             libc::IPPROTO_UDP,
-            tbf,
+            qdisc,
             |sock| receive_all(&sock, Duration::from_secs(2)),
             || {
                 let sock = connected_udp("192.0.2.2:9".parse().unwrap());
@@ -390,20 +381,11 @@ fn trains_parked_on_a_full_socket_keep_their_segments() {
         return;
     };
     for (name, cfg) in engines {
-        let tbf = || {
-            util::run_tool(
-                "tc",
-                &[
-                    "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "50mbit", "burst", "32kb",
-                    "limit", "4mb",
-                ],
-                None,
-            )
-        };
+        let qdisc = || tbf("50mbit", "32kb", "4mb");
         let result = over_veth(
             1500,
             libc::IPPROTO_UDP,
-            tbf,
+            qdisc,
             |sock| receive_all(&sock, Duration::from_secs(1)),
             || {
                 let sock = connected_udp("192.0.2.2:9".parse().unwrap());
@@ -580,21 +562,12 @@ fn registered_trains_pin_nothing_per_request() {
         zerotx::internals::uring::sendmsg_zc_fixed(),
         "this kernel sends no SENDMSG_ZC from registered buffers (Linux 6.15)"
     );
-    let tbf = || {
-        util::run_tool(
-            "tc",
-            &[
-                "qdisc", "add", "dev", "zc0", "root", "tbf", "rate", "2mbit", "burst", "32kb",
-                "limit", "4mb",
-            ],
-            None,
-        )
-    };
+    let qdisc = || tbf("2mbit", "32kb", "4mb");
     let len = SEG * COUNT;
     let result = over_veth(
         1500,
         libc::IPPROTO_UDP,
-        tbf,
+        qdisc,
         |sock| receive_all(&sock, Duration::from_secs(1)),
         || {
             for (round, registered) in [true, false].into_iter().enumerate() {

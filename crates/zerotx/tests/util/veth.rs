@@ -62,6 +62,14 @@ pub fn tid() -> i32 {
     unsafe { libc::gettid() }
 }
 
+/// A tbf qdisc on the sender's side `zc0` (an [`over_veth`] `prep`): `rate`, `burst`, and a queue
+/// of `limit`; what does not fit the queue is dropped. `false`: `tc` failed (the test skips).
+pub fn tbf(rate: &str, burst: &str, limit: &str) -> bool {
+    let args = ["qdisc", "add", "dev", "zc0", "root", "tbf"];
+    let args = [&args[..], &["rate", rate, "burst", burst, "limit", limit]].concat();
+    super::run_tool("tc", &args, None)
+}
+
 /// A veth pair across two fresh namespaces: the sender's side `zc0` (192.0.2.1/24) and the
 /// receiver's `zc1` (192.0.2.2/24), both at `mtu`. `recv` runs in the receiver's namespace with a
 /// socket of `protocol` (UDP, UDP-Lite) bound to 192.0.2.2:9; `send` runs in the sender's once it is bound, after `prep`
