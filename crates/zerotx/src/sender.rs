@@ -346,6 +346,14 @@ impl<B: SendBuf> Sender<B> {
     /// kernel answers after the call: a train it refuses (the path MTU, a netfilter or qdisc
     /// drop) comes back released, with the error in its [`Report`](crate::Report). UDP sockets
     /// only.
+    ///
+    /// A train the kernel refused keeps the kernel's error as it gave it, on every engine:
+    /// `raw_os_error()` of [`SendError::Io`]'s `error` (or of the release's
+    /// [`Report::error`](crate::Report::error), and of [`Error::Failed`]'s `source` at the next
+    /// flush) is its errno, so a caller matches `EMSGSIZE` (a segment above the path MTU),
+    /// `EINVAL`, `EPERM` (a netfilter drop) or `ENOBUFS` (a qdisc drop) on it. Where the errno
+    /// alone says little, [`SendError::advice`] and [`Report::advice`](crate::Report::advice) say
+    /// what to do, and so does each one's `Display`.
     pub fn try_send_train(&mut self, buf: B, segment: u16) -> Result<(), SendError<B>> {
         self.submit_train(buf, segment, None)
     }

@@ -252,10 +252,13 @@ fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
             let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
             let big = vec![7u8; 2 * (SEG + 1)];
             match tx.send_train(big.clone(), SEG as u16 + 1) {
-                Err(SendError::Io { buf, error }) => {
+                Err(e @ SendError::Io { .. }) => {
+                    assert!(e.to_string().contains("path MTU"), "{name}: {e}");
+                    let SendError::Io { buf, error } = e else {
+                        unreachable!()
+                    };
                     assert_eq!(buf, big, "{name}");
-                    let said = error.to_string();
-                    assert!(said.contains("path MTU"), "{name}: {said}");
+                    assert_eq!(error.raw_os_error(), Some(libc::EMSGSIZE), "{name}");
                 }
                 other => panic!("{name}: {other:?}"),
             }
@@ -288,6 +291,72 @@ fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
             if name == "msg-zc" {
                 assert_eq!(released[0].report.path, SendPath::ZeroCopy);
             }
+        }
+    });
+}
+
+/// A train the kernel refuses keeps the kernel's errno on every engine, so a caller can match
+/// it: a segment above the path MTU answers `EMSGSIZE`, in the call's `SendError::Io` on the
+/// sendmsg family and in the release's `Report::error` on io_uring (where the flush's
+/// `Error::Failed` carries it too). What to do is in the error's `Display` (the hint the
+/// errno alone does not give).
+#[test]
+fn a_refused_train_keeps_its_errno_on_every_engine() {
+    let uring_ok = {
+        let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let made = Sender::<Vec<u8>>::new(probe, EngineKind::UringZc);
+        require(made.is_ok(), "io_uring zero-copy unavailable")
+    };
+    let mut engines = train_engines().to_vec();
+    if uring_ok {
+        engines.extend([
+            ("uring", SenderConfig::new(EngineKind::Uring)),
+            ("uring-zc", SenderConfig::new(EngineKind::UringZc)),
+            ("auto-uring", SenderConfig::new(EngineKind::Auto)),
+        ]);
+    }
+    util::in_black_hole(1500, |bh| {
+        for (name, cfg) in engines {
+            let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+            let uring = tx.explain().path == "io_uring";
+            let big = vec![7u8; 2 * (SEG + 1)];
+            let (error, said) = match tx.send_train(big.clone(), SEG as u16 + 1) {
+                Err(e @ SendError::Io { .. }) => {
+                    assert!(!uring, "{name}: io_uring answers in the release");
+                    let said = e.to_string();
+                    let SendError::Io { buf, error } = e else {
+                        unreachable!()
+                    };
+                    assert_eq!(buf, big, "{name}");
+                    (error, said)
+                }
+                Ok(()) if uring => {
+                    match tx.flush(Duration::from_secs(20)) {
+                        Err(zerotx::Error::Failed { failed, source }) => {
+                            assert_eq!(failed, 1, "{name}");
+                            assert_eq!(source.raw_os_error(), Some(libc::EMSGSIZE), "{name}");
+                        }
+                        other => panic!("{name}: flush: {other:?}"),
+                    }
+                    let mut out = Vec::new();
+                    tx.reap(&mut out).unwrap();
+                    let [r] = &mut out[..] else {
+                        panic!("{name}: {} buffers back", out.len())
+                    };
+                    assert_eq!(r.buf, big, "{name}");
+                    let said = r.report.to_string();
+                    (r.report.error.take().expect("refused"), said)
+                }
+                other => panic!("{name}: {other:?}"),
+            };
+            assert_eq!(
+                error.raw_os_error(),
+                Some(libc::EMSGSIZE),
+                "{name}: {error}"
+            );
+            assert!(said.contains("path MTU"), "{name}: {said}");
+            let (released, _) = util::finish(tx);
+            assert!(released.is_empty(), "{name}");
         }
     });
 }

@@ -201,7 +201,7 @@ impl<B: SendBuf> SendmsgCore<B> {
             }
             Err(error) if rec.sent == 0 => Err(SendError::Io {
                 buf: rec.take_buf(),
-                error: gso::train_error(error),
+                error,
             }),
             Err(error) => {
                 // Datagrams went and the rest never will: released with the error.

@@ -1,6 +1,7 @@
 //! Trains (UDP GSO) in the `sendmsg(2)` engines, and their downgrade: a train sent by copy, one
-//! GSO call or, where the path refused GSO (`EIO`), one datagram per call; the error a refused
-//! train comes back with; the kernel's segment limit, read once. The decisions are
+//! GSO call or, where the path refused GSO (`EIO`), one datagram per call; the kernel's segment
+//! limit. A refused train comes back with the kernel's own error (its errno kept; what to do:
+//! `error::advice`). The decisions are
 //! [`policy::train`](trains)'s; the zero-copy train is `msg-zc`'s (`msg_zc/datagram.rs`).
 //!
 //! [`BatchRuns`]: whether a batch's runs of equal-size datagrams go as trains on a socket, and
@@ -81,17 +82,6 @@ pub(crate) fn split_train<B>(
     rec.train = Some(*train);
     splits.refused(rec.dest.as_deref());
     stats.train_splits += 1;
-}
-
-/// The error a refused train comes back with: the kernel's, with what to do where its errno
-/// says little ([`trains::on_failure`]'s hint).
-pub(crate) fn train_error(error: io::Error) -> io::Error {
-    match trains::on_failure(error.raw_os_error(), true) {
-        trains::TrainFailure::Fail(Some(hint)) => {
-            io::Error::new(error.kind(), format!("{error}: {hint}"))
-        }
-        _ => error,
-    }
 }
 
 /// The segments one train call may carry here ([`trains::max_segments`] of this kernel), read

@@ -134,16 +134,11 @@ pub(crate) enum TrainFailure {
     /// The path cannot send it as one GSO packet (`EIO`): one datagram per call, by copy, and
     /// the path remembered. Nothing of it went.
     Split,
-    /// The buffer's error, never retried; `hint` says what to do, where the errno says little.
+    /// The buffer's error (the kernel's, kept as it gave it), never retried; `Some` with what to
+    /// do ([`crate::error::advice`]) where the kernel refused the train as built: its segments
+    /// or its size do not fit the path or the kernel's limits.
     Fail(Option<&'static str>),
 }
-
-/// [`TrainFailure::Fail`]'s hint for a train the kernel refused after building it.
-pub(crate) const REFUSED_AFTER_BUILD: &str =
-    "the kernel refused the train: each segment plus the IP and UDP headers must fit the path \
-     MTU (a segment of at most the MTU less 28 bytes on IPv4, 48 on IPv6), and the whole train \
-     one GSO packet (65507 bytes to an IPv4 destination, an IPv4-mapped one on an IPv6 socket \
-     too); send smaller segments or a shorter train";
 
 /// The answer to a train call that failed with `errno`, once the engine knows whether it took a
 /// zero-copy id (`took_id`; always `false` for a copy).
@@ -151,7 +146,7 @@ pub(crate) fn on_failure(errno: Option<i32>, took_id: bool) -> TrainFailure {
     match errno {
         Some(libc::EIO) => TrainFailure::Split,
         Some(libc::ENOBUFS) if !took_id => TrainFailure::Budget,
-        Some(libc::EMSGSIZE | libc::EINVAL) => TrainFailure::Fail(Some(REFUSED_AFTER_BUILD)),
+        Some(e @ (libc::EMSGSIZE | libc::EINVAL)) => TrainFailure::Fail(crate::error::advice(e)),
         _ => TrainFailure::Fail(None),
     }
 }
@@ -327,10 +322,11 @@ mod tests {
             // A qdisc drop with IP_RECVERR: the train was built and dropped.
             (ENOBUFS, true, Fail(None)),
             (EPERM, true, Fail(None)),
-            (EMSGSIZE, true, Fail(Some(REFUSED_AFTER_BUILD))),
-            (EINVAL, true, Fail(Some(REFUSED_AFTER_BUILD))),
-            (EMSGSIZE, false, Fail(Some(REFUSED_AFTER_BUILD))),
+            (EMSGSIZE, true, Fail(crate::error::advice(EMSGSIZE))),
+            (EINVAL, true, Fail(crate::error::advice(EINVAL))),
+            (EMSGSIZE, false, Fail(crate::error::advice(EMSGSIZE))),
         ];
+        assert!(crate::error::advice(EMSGSIZE).is_some() && crate::error::advice(EINVAL).is_some());
         for (errno, took, want) in table {
             assert_eq!(on_failure(Some(errno), took), want, "{errno} {took}");
         }
