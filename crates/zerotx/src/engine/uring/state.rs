@@ -10,7 +10,7 @@ use super::cqe::{Req, Then};
 use crate::buf::SendBuf;
 use crate::engine::policy::train::{self as trains, SplitPaths, TrainFailure};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_train::{kernel_train_segments, split_train};
+use crate::engine::sendmsg_train::{check_train, kernel_train_segments, split_train};
 use crate::report::Stats;
 use crate::sys::uring::SendOp;
 
@@ -297,9 +297,10 @@ impl Trains {
         }
     }
 
-    /// Whether a train of `len` bytes in `segment`-byte datagrams may go ([`trains::check`]).
+    /// Whether a train of `len` bytes in `segment`-byte datagrams may go ([`check_train`]: the
+    /// version rule's limit, probed for a train above it).
     pub(super) fn check(&self, len: usize, segment: u16) -> Result<(), &'static str> {
-        trains::check(len, segment, self.v6, self.segments)
+        check_train(len, segment, self.v6, self.segments)
     }
 
     /// A train's last CQE (`res` of a request that carried `len` bytes, `then` what
