@@ -107,8 +107,8 @@ pub(crate) fn check_train(
 }
 
 /// The segment limit that decides a train of `count` segments where the version rule says `rule`
-/// ([`trains::segment_limit`]): `rule`, or for a train above it and within 128 segments, the
-/// kernel's answer to the probe train, asked once per process ([`probed_segments`]).
+/// (`policy::train::segment_limit`): `rule`, or for a train above it and within 128 segments,
+/// the kernel's answer to the probe train, asked once per process (`probed_segments`).
 pub fn segment_limit(count: usize, rule: u16) -> u16 {
     trains::segment_limit(count, rule, probed_segments)
 }
