@@ -13,7 +13,8 @@
 //! - `qdisc-drop`: a `tbf` qdisc far slower than any sender, with `IP_RECVERR`: trains it drops
 //!   come back with `ENOBUFS`, the ones it takes arrive whole, none twice;
 //! - `refusals`: a segment above the MTU comes back with `EMSGSIZE` (nothing of it sent), too many
-//!   segments are refused before any call, and the next train arrives;
+//!   segments are refused before any call, 128 go wherever the kernel takes them (asked, not
+//!   guessed from its version), and the next train arrives;
 //! - `udplite-eio`: UDP-Lite cannot checksum a GSO packet (`EIO`): the train goes one datagram per
 //!   call, each delivered once, in order;
 //! - `local`: a train to a local socket comes back copied, and `auto` learns it.

@@ -1,4 +1,9 @@
 //! Errors a caller can act on.
+//!
+//! A send the kernel refused keeps the kernel's own `io::Error` (in [`SendError::Io`],
+//! [`Report::error`](crate::Report::error), [`Error::Failed`]), so `raw_os_error()` answers its
+//! errno and a caller matches `EMSGSIZE`, `EINVAL`, `EPERM`... on it. What to do where the errno
+//! alone says little is [`advice`]: their `Display` adds it, and `advice()` returns it.
 
 use std::fmt;
 use std::io;
@@ -33,6 +38,43 @@ impl fmt::Display for Feature {
             Feature::UringZerocopy(k) => write!(f, "io_uring zero-copy sends on {k} sockets"),
             Feature::RegisteredBuffers(e) => write!(f, "registered buffers with the {e} engine"),
             Feature::SharedRing(e) => write!(f, "a shared io_uring with the {e} engine"),
+        }
+    }
+}
+
+/// What to do about a send the kernel refused with `errno`, where the errno alone says little:
+/// one table for the crate, read by the `Display` of [`SendError`], [`Report`](crate::Report) and
+/// [`Error::Failed`], and by their `advice()`. The kernel's rules behind it: docs/kernel.md, "UDP
+/// GSO trains: what each refusal means and what zerotx does".
+pub(crate) fn advice(errno: i32) -> Option<&'static str> {
+    match errno {
+        libc::EMSGSIZE => Some(TOO_LARGE),
+        libc::EINVAL => Some(INVALID_TRAIN),
+        _ => None,
+    }
+}
+
+/// [`advice`] for `EMSGSIZE`.
+pub(crate) const TOO_LARGE: &str = "the message is larger than the path or the socket takes: a \
+    train's every segment plus the IP and UDP headers must fit the path MTU (a segment of at most \
+    the MTU less 28 bytes on IPv4, 48 on IPv6; the kernel never fragments one), and a datagram or \
+    a whole train one IP packet (65507 bytes to an IPv4 destination, an IPv4-mapped one on an \
+    IPv6 socket too); send smaller datagrams or segments, or a shorter train";
+
+/// [`advice`] for `EINVAL`.
+pub(crate) const INVALID_TRAIN: &str = "if this was a train, the kernel refused its segments: \
+    more than UDP_MAX_SEGMENTS in one call, a segment above the path MTU (older kernels answer \
+    that with EINVAL), or a socket with SO_NO_CHECK set (GSO needs the UDP checksum); send fewer \
+    or smaller segments";
+
+/// Shows `": {advice}"` for an error's errno ([`advice`]), or nothing.
+pub(crate) struct Advice<'a>(pub(crate) &'a io::Error);
+
+impl fmt::Display for Advice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.raw_os_error().and_then(advice) {
+            Some(said) => write!(f, ": {said}"),
+            None => Ok(()),
         }
     }
 }
@@ -105,7 +147,7 @@ pub enum Error {
     /// broken: every later send fails. See [`Sender`](crate::Sender)'s failure rule.
     ///
     /// [`Report::error`]: crate::Report::error
-    #[error("{failed} buffer(s) released since the last flush carried an error (the first: {source}): their bytes did not all reach the peer (each one's Report says how many went); a stream or seqpacket socket sends nothing more after that: close the sender")]
+    #[error("{failed} buffer(s) released since the last flush carried an error (the first: {source}{}): their bytes did not all reach the peer (each one's Report says how many went); a stream or seqpacket socket sends nothing more after that: close the sender", Advice(.source))]
     Failed {
         /// How many released buffers carried an error since the last flush.
         failed: usize,
@@ -122,6 +164,17 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+}
+
+impl Error {
+    /// What to do about [`Error::Failed`]'s first error, where its errno says little
+    /// ([`SendError::advice`]'s table).
+    pub fn advice(&self) -> Option<&'static str> {
+        match self {
+            Error::Failed { source, .. } => source.raw_os_error().and_then(advice),
+            _ => None,
+        }
+    }
 }
 
 impl From<Error> for io::Error {
@@ -157,7 +210,8 @@ pub enum SendError<B> {
     Io {
         /// The buffer, untouched.
         buf: B,
-        /// The kernel's answer.
+        /// The kernel's answer, as it gave it: `raw_os_error()` is its errno. What to do where
+        /// the errno says little: [`advice`](SendError::advice), also in this error's `Display`.
         error: io::Error,
     },
 }
@@ -175,6 +229,16 @@ impl<B> SendError<B> {
     /// Whether this is [`SendError::WouldBlock`].
     pub fn is_would_block(&self) -> bool {
         matches!(self, SendError::WouldBlock(_))
+    }
+
+    /// What to do about [`SendError::Io`], where its errno says little: for `EMSGSIZE` and
+    /// `EINVAL`, the kernel's limits on a datagram and on a train's segments. `None` for the
+    /// other variants ([`SendError::Invalid`]'s `reason` says it) and other errnos.
+    pub fn advice(&self) -> Option<&'static str> {
+        match self {
+            SendError::Io { error, .. } => error.raw_os_error().and_then(advice),
+            _ => None,
+        }
     }
 }
 
@@ -202,7 +266,7 @@ impl<B> fmt::Display for SendError<B> {
                 f.write_str("send would block: wait for readiness, reap, retry")
             }
             SendError::Invalid { reason, .. } => write!(f, "invalid send: {reason}"),
-            SendError::Io { error, .. } => write!(f, "send failed: {error}"),
+            SendError::Io { error, .. } => write!(f, "send failed: {error}{}", Advice(error)),
         }
     }
 }
@@ -250,5 +314,43 @@ mod tests {
         assert!(shown.starts_with("Io { error: "), "{shown}");
         assert!(shown.contains("code: 32"), "{shown}");
         assert!(shown.ends_with(", .. }"), "{shown}");
+    }
+
+    #[test]
+    fn a_refusal_keeps_its_errno_and_says_what_to_do() {
+        let refused = |errno| SendError::Io {
+            buf: Opaque,
+            error: io::Error::from_raw_os_error(errno),
+        };
+        let e = refused(libc::EMSGSIZE);
+        assert_eq!(e.advice(), Some(TOO_LARGE));
+        let shown = e.to_string();
+        assert!(shown.starts_with("send failed: "), "{shown}");
+        assert!(
+            shown.ends_with(&format!("(os error 90): {TOO_LARGE}")),
+            "{shown}"
+        );
+        assert!(
+            refused(libc::EINVAL)
+                .to_string()
+                .contains("UDP_MAX_SEGMENTS"),
+            "{}",
+            refused(libc::EINVAL)
+        );
+        // An errno that says enough gets nothing added.
+        let e = refused(libc::EPERM);
+        assert_eq!(e.advice(), None);
+        assert!(e.to_string().ends_with("(os error 1)"), "{e}");
+        assert_eq!(
+            io::Error::from(refused(libc::EMSGSIZE)).raw_os_error(),
+            Some(libc::EMSGSIZE)
+        );
+
+        let failed = Error::Failed {
+            failed: 1,
+            source: io::Error::from_raw_os_error(libc::EMSGSIZE),
+        };
+        assert_eq!(failed.advice(), Some(TOO_LARGE));
+        assert!(failed.to_string().contains(TOO_LARGE), "{failed}");
     }
 }

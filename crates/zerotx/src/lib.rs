@@ -209,4 +209,10 @@ pub mod internals {
     pub mod uring_faults {
         pub use crate::sys::uring::{inject, Faults};
     }
+    /// Trains: the segment limit that decides a train of `count` segments where the version
+    /// rule says `rule` (the kernel's answer to the probe train, asked once per process where
+    /// the rule would refuse a train the kernel may take).
+    pub mod trains {
+        pub use crate::engine::sendmsg_train::segment_limit;
+    }
 }

@@ -332,9 +332,11 @@ impl<B: SendBuf> Sender<B> {
     /// one call, one completion and one pinning cover every datagram of it. It comes back once,
     /// after the train's completion, with one [`Report`](crate::Report) for the whole train.
     ///
-    /// The kernel's rules (docs/kernel.md, "UDP GSO trains"): at most 64 segments per train
-    /// before Linux 6.9, 128 since, and at most 65507 bytes (IPv4; 65527 on IPv6), both checked
-    /// before the call ([`SendError::Invalid`]); each segment plus the IP and UDP headers must fit
+    /// The kernel's rules (docs/kernel.md, "UDP GSO trains"): at most 128 segments per train
+    /// from Linux 6.9 and on older kernels that took the change (asked once, with a train of
+    /// one-byte datagrams over loopback, the first time a train needs more than 64), 64 on
+    /// the others, and at most 65507 bytes (IPv4; 65527 on IPv6), both checked before the call
+    /// ([`SendError::Invalid`]); each segment plus the IP and UDP headers must fit
     /// the path MTU, or the train comes back in [`SendError::Io`] (nothing of it was sent). A
     /// path whose device or route cannot checksum a GSO packet (`EIO`) gets its trains one
     /// datagram per call, by copy ([`Stats::train_splits`]), no datagram lost or sent twice. A
@@ -346,6 +348,14 @@ impl<B: SendBuf> Sender<B> {
     /// kernel answers after the call: a train it refuses (the path MTU, a netfilter or qdisc
     /// drop) comes back released, with the error in its [`Report`](crate::Report). UDP sockets
     /// only.
+    ///
+    /// A train the kernel refused keeps the kernel's error as it gave it, on every engine:
+    /// `raw_os_error()` of [`SendError::Io`]'s `error` (or of the release's
+    /// [`Report::error`](crate::Report::error), and of [`Error::Failed`]'s `source` at the next
+    /// flush) is its errno, so a caller matches `EMSGSIZE` (a segment above the path MTU),
+    /// `EINVAL`, `EPERM` (a netfilter drop) or `ENOBUFS` (a qdisc drop) on it. Where the errno
+    /// alone says little, [`SendError::advice`] and [`Report::advice`](crate::Report::advice) say
+    /// what to do, and so does each one's `Display`.
     pub fn try_send_train(&mut self, buf: B, segment: u16) -> Result<(), SendError<B>> {
         self.submit_train(buf, segment, None)
     }

@@ -252,10 +252,13 @@ fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
             let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
             let big = vec![7u8; 2 * (SEG + 1)];
             match tx.send_train(big.clone(), SEG as u16 + 1) {
-                Err(SendError::Io { buf, error }) => {
+                Err(e @ SendError::Io { .. }) => {
+                    assert!(e.to_string().contains("path MTU"), "{name}: {e}");
+                    let SendError::Io { buf, error } = e else {
+                        unreachable!()
+                    };
                     assert_eq!(buf, big, "{name}");
-                    let said = error.to_string();
-                    assert!(said.contains("path MTU"), "{name}: {said}");
+                    assert_eq!(error.raw_os_error(), Some(libc::EMSGSIZE), "{name}");
                 }
                 other => panic!("{name}: {other:?}"),
             }
@@ -290,6 +293,169 @@ fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
             }
         }
     });
+}
+
+/// A train the kernel refuses keeps the kernel's errno on every engine, so a caller can match
+/// it: a segment above the path MTU answers `EMSGSIZE`, in the call's `SendError::Io` on the
+/// sendmsg family and in the release's `Report::error` on io_uring (where the flush's
+/// `Error::Failed` carries it too). What to do is in the error's `Display` (the hint the
+/// errno alone does not give).
+#[test]
+fn a_refused_train_keeps_its_errno_on_every_engine() {
+    let uring_ok = {
+        let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let made = Sender::<Vec<u8>>::new(probe, EngineKind::UringZc);
+        require(made.is_ok(), "io_uring zero-copy unavailable")
+    };
+    let mut engines = train_engines().to_vec();
+    if uring_ok {
+        engines.extend([
+            ("uring", SenderConfig::new(EngineKind::Uring)),
+            ("uring-zc", SenderConfig::new(EngineKind::UringZc)),
+            ("auto-uring", SenderConfig::new(EngineKind::Auto)),
+        ]);
+    }
+    util::in_black_hole(1500, |bh| {
+        for (name, cfg) in engines {
+            let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+            let uring = tx.explain().path == "io_uring";
+            let big = vec![7u8; 2 * (SEG + 1)];
+            let (error, said) = match tx.send_train(big.clone(), SEG as u16 + 1) {
+                Err(e @ SendError::Io { .. }) => {
+                    assert!(!uring, "{name}: io_uring answers in the release");
+                    let said = e.to_string();
+                    let SendError::Io { buf, error } = e else {
+                        unreachable!()
+                    };
+                    assert_eq!(buf, big, "{name}");
+                    (error, said)
+                }
+                Ok(()) if uring => {
+                    match tx.flush(Duration::from_secs(20)) {
+                        Err(zerotx::Error::Failed { failed, source }) => {
+                            assert_eq!(failed, 1, "{name}");
+                            assert_eq!(source.raw_os_error(), Some(libc::EMSGSIZE), "{name}");
+                        }
+                        other => panic!("{name}: flush: {other:?}"),
+                    }
+                    let mut out = Vec::new();
+                    tx.reap(&mut out).unwrap();
+                    let [r] = &mut out[..] else {
+                        panic!("{name}: {} buffers back", out.len())
+                    };
+                    assert_eq!(r.buf, big, "{name}");
+                    let said = r.report.to_string();
+                    (r.report.error.take().expect("refused"), said)
+                }
+                other => panic!("{name}: {other:?}"),
+            };
+            assert_eq!(
+                error.raw_os_error(),
+                Some(libc::EMSGSIZE),
+                "{name}: {error}"
+            );
+            assert!(said.contains("path MTU"), "{name}: {said}");
+            let (released, _) = util::finish(tx);
+            assert!(released.is_empty(), "{name}");
+        }
+    });
+}
+
+/// Whether this kernel's release is 6.9 or later: `UDP_MAX_SEGMENTS` is 128 there.
+fn kernel_from_6_9() -> bool {
+    let release = zerotx::internals::probe::kernel_release();
+    let mut v = release.split(|c: char| !c.is_ascii_digit());
+    let major: u32 = v.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor: u32 = v.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor) >= (6, 9)
+}
+
+/// The kernel's segment limit is what it answers, not its version's guess: on this kernel (6.9
+/// or later) a train of 128 segments goes on every engine and 129 are refused before any call;
+/// and where the version rule would say 64, the probe train finds the 128 the kernel takes.
+#[test]
+fn a_train_of_128_segments_goes_where_the_kernel_takes_it() {
+    require!(
+        kernel_from_6_9(),
+        "needs a kernel of 6.9 or later (128 segments per call)"
+    );
+    let uring_ok = {
+        let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let made = Sender::<Vec<u8>>::new(probe, EngineKind::UringZc);
+        require(made.is_ok(), "io_uring zero-copy unavailable")
+    };
+    let mut engines = train_engines().to_vec();
+    if uring_ok {
+        engines.extend([
+            ("uring", SenderConfig::new(EngineKind::Uring)),
+            ("uring-zc", SenderConfig::new(EngineKind::UringZc)),
+        ]);
+    }
+    util::in_black_hole(1500, |bh| {
+        // The probe itself, as a kernel before 6.9 would run it (loopback of this namespace).
+        use zerotx::internals::trains::segment_limit;
+        assert_eq!(segment_limit(100, 64), 128, "the probe train");
+        assert_eq!(segment_limit(129, 64), 64, "above 128: never probed");
+        assert_eq!(segment_limit(64, 64), 64);
+        for (name, cfg) in engines {
+            let mut tx = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+            tx.send_train(train(0, 100, 128, 100), 100)
+                .unwrap_or_else(|e| panic!("{name}: 128 segments: {e}"));
+            let calls = tx.stats().syscalls;
+            match tx.send_train(vec![1u8; 129 * 100], 100) {
+                Err(SendError::Invalid { reason, .. }) => {
+                    assert!(reason.contains("UDP_MAX_SEGMENTS"), "{name}: {reason}")
+                }
+                other => panic!("{name}: 129 segments: {other:?}"),
+            }
+            assert_eq!(
+                tx.stats().syscalls,
+                calls,
+                "{name}: 129 segments made a call"
+            );
+            let (released, stats) = util::finish(tx);
+            let [r] = &released[..] else {
+                panic!("{name}: {} buffers back", released.len())
+            };
+            assert!(r.report.error.is_none(), "{name}: {}", r.report);
+            assert_eq!(r.report.bytes, 128 * 100, "{name}");
+            assert_eq!(stats.trains, 1, "{name}: {stats:?}");
+        }
+    });
+}
+
+const NO_LOOPBACK_CHILD: &str = "ZEROTX_TRAIN_PROBE_CHILD";
+
+/// The probe train needs loopback: asked first from a namespace where loopback is down, it
+/// cannot run, and the limit is the version rule's; it keeps no answer, so once loopback is up
+/// the same process finds what the kernel takes. (A kept failure would refuse every train of 65
+/// to 128 segments for the life of the process.)
+#[test]
+fn the_segment_probe_answers_the_version_rule_without_loopback() {
+    require!(util::is_root(), "needs root for a network namespace");
+    util::run_child_test("segment_probe_child", NO_LOOPBACK_CHILD);
+}
+
+#[test]
+#[ignore = "runs in its own process, started by the_segment_probe_answers_the_version_rule_without_loopback"]
+fn segment_probe_child() {
+    use zerotx::internals::trains::segment_limit;
+    if std::env::var(NO_LOOPBACK_CHILD).is_err() {
+        return;
+    }
+    // SAFETY: unshare has no memory preconditions; it moves this thread to a new network
+    // namespace, where only a loopback device exists, down.
+    assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+    assert_eq!(segment_limit(100, 64), 64, "no loopback: the version rule");
+    assert_eq!(segment_limit(100, 64), 64, "asked again, still the rule");
+    assert!(util::run_tool("ip", &["link", "set", "lo", "up"], None));
+    let found = segment_limit(100, 64);
+    if kernel_from_6_9() {
+        assert_eq!(found, 128, "loopback up: the kernel's answer");
+    } else {
+        assert!(matches!(found, 64 | 128), "{found}");
+    }
+    println!("segment_probe_child: ok");
 }
 
 /// UDP-Lite never checksums a GSO packet: the kernel answers a train with `EIO` having sent

@@ -439,7 +439,9 @@ fn trains_the_kernel_cannot_take_come_back_with_their_buffers() {
             };
             assert!(sent.report.error.is_none(), "{name}: {:?}", sent.report);
             assert_eq!(refused.buf, big, "{name}: the refused train changed");
-            let said = refused.report.error.as_ref().expect("refused").to_string();
+            let error = refused.report.error.as_ref().expect("refused");
+            assert_eq!(error.raw_os_error(), Some(libc::EMSGSIZE), "{name}");
+            let said = refused.report.to_string();
             assert!(said.contains("path MTU"), "{name}: {said}");
             if name == "uring-zc" {
                 assert_eq!(sent.report.path, SendPath::ZeroCopy, "{name}");

@@ -20,7 +20,7 @@ use crate::buf::SendBuf;
 use crate::engine::errqueue::ErrQueue;
 use crate::engine::policy;
 use crate::engine::policy::auto::AutoPolicy;
-use crate::engine::policy::train::{self as trains, SplitPaths, Train};
+use crate::engine::policy::train::{SplitPaths, Train};
 use crate::engine::record::{LatencySampler, Record};
 use crate::engine::sendmsg_train::{self as gso, BatchRuns};
 use crate::engine::unfragmented::Unfragmented;
@@ -100,7 +100,8 @@ pub(crate) struct SendmsgCore<B> {
     /// Whether a batch's runs of equal-size datagrams go as trains ([`BatchRuns::off`] unless
     /// the engine sets it).
     pub(crate) runs: BatchRuns,
-    /// The segments one train call may carry on this kernel, and the bytes.
+    /// The segments one train call may carry on this kernel by the version rule (a train above
+    /// it may still go: [`gso::check_train`]), and the bytes.
     train_segments: u16,
     train_v6: bool,
 }
@@ -138,9 +139,9 @@ impl<B: SendBuf> SendmsgCore<B> {
     }
 
     /// Whether a train of `len` bytes in `segment`-byte datagrams may go on this socket (see
-    /// [`trains::check`]); the reason if not.
+    /// [`gso::check_train`]); the reason if not.
     pub(crate) fn check_train(&self, len: usize, segment: u16) -> Result<(), &'static str> {
-        trains::check(len, segment, self.train_v6, self.train_segments)
+        gso::check_train(len, segment, self.train_v6, self.train_segments)
     }
 
     /// The record of a train of `buf` to `dest`: one GSO call, or one datagram per call where the
@@ -201,7 +202,7 @@ impl<B: SendBuf> SendmsgCore<B> {
             }
             Err(error) if rec.sent == 0 => Err(SendError::Io {
                 buf: rec.take_buf(),
-                error: gso::train_error(error),
+                error,
             }),
             Err(error) => {
                 // Datagrams went and the rest never will: released with the error.

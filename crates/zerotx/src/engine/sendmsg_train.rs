@@ -1,12 +1,14 @@
 //! Trains (UDP GSO) in the `sendmsg(2)` engines, and their downgrade: a train sent by copy, one
-//! GSO call or, where the path refused GSO (`EIO`), one datagram per call; the error a refused
-//! train comes back with; the kernel's segment limit, read once. The decisions are
+//! GSO call or, where the path refused GSO (`EIO`), one datagram per call; the kernel's segment
+//! limit. A refused train comes back with the kernel's own error (its errno kept; what to do:
+//! `error::advice`). The decisions are
 //! [`policy::train`](trains)'s; the zero-copy train is `msg-zc`'s (`msg_zc/datagram.rs`).
 //!
 //! [`BatchRuns`]: whether a batch's runs of equal-size datagrams go as trains on a socket, and
 //! within what (they are sent by `sendmsg_runs.rs`).
 
 use std::io;
+use std::sync::OnceLock;
 
 use crate::buf::SendBuf;
 use crate::engine::policy::train::{self as trains, RunLimits, SplitPaths, Train, TrainFailure};
@@ -83,22 +85,48 @@ pub(crate) fn split_train<B>(
     stats.train_splits += 1;
 }
 
-/// The error a refused train comes back with: the kernel's, with what to do where its errno
-/// says little ([`trains::on_failure`]'s hint).
-pub(crate) fn train_error(error: io::Error) -> io::Error {
-    match trains::on_failure(error.raw_os_error(), true) {
-        trains::TrainFailure::Fail(Some(hint)) => {
-            io::Error::new(error.kind(), format!("{error}: {hint}"))
-        }
-        _ => error,
-    }
+/// The segments one train call may carry here by the version rule ([`trains::max_segments`] of
+/// this kernel), read once. A train above it may still go: [`check_train`].
+pub(crate) fn kernel_train_segments() -> u16 {
+    static SEGMENTS: OnceLock<u16> = OnceLock::new();
+    *SEGMENTS.get_or_init(|| trains::max_segments(&sys::kernel_release().unwrap_or_default()))
 }
 
-/// The segments one train call may carry here ([`trains::max_segments`] of this kernel), read
-/// once.
-pub(crate) fn kernel_train_segments() -> u16 {
-    static SEGMENTS: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
-    *SEGMENTS.get_or_init(|| trains::max_segments(&sys::kernel_release().unwrap_or_default()))
+/// Whether a train of `len` bytes in `segment`-byte datagrams may go on a socket of IPv6 (`v6`)
+/// or IPv4 ([`trains::check`]), under the version rule's limit `rule`
+/// ([`kernel_train_segments`]), or for a train above it that a backport may take, under what the
+/// kernel answered the probe ([`segment_limit`]).
+#[inline]
+pub(crate) fn check_train(
+    len: usize,
+    segment: u16,
+    v6: bool,
+    rule: u16,
+) -> Result<(), &'static str> {
+    trains::check(len, segment, v6, |count| segment_limit(count, rule))
+}
+
+/// The segment limit that decides a train of `count` segments where the version rule says `rule`
+/// (`policy::train::segment_limit`): `rule`, or for a train above it and within 128 segments,
+/// the kernel's answer to the probe train, asked once per process (`probed_segments`).
+pub fn segment_limit(count: usize, rule: u16) -> u16 {
+    trains::segment_limit(count, rule, probed_segments)
+}
+
+/// `UDP_MAX_SEGMENTS` as the kernel answers a probe train ([`sys::train::probe_segments`],
+/// loopback only, read by [`trains::probed_limit`]), kept for the process once the kernel
+/// answered; `None`, and nothing kept, where the probe could not run (loopback down in a fresh
+/// network namespace), so a later train asks again.
+#[cold]
+#[inline(never)]
+fn probed_segments() -> Option<u16> {
+    static PROBED: OnceLock<u16> = OnceLock::new();
+    if let Some(&limit) = PROBED.get() {
+        return Some(limit);
+    }
+    let (sent, first) = sys::train::probe_segments(trains::PROBE_SEGMENTS);
+    let limit = trains::probed_limit(sent.map_err(|e| e.raw_os_error()), first)?;
+    Some(*PROBED.get_or_init(|| limit))
 }
 
 /// Whether the runs of equal-size datagrams in a connected socket's batches go as trains

@@ -1,5 +1,6 @@
 //! What a sender tells about each buffer it gives back, and about itself.
 
+use std::fmt;
 use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
@@ -59,8 +60,37 @@ pub struct Report {
     /// From the send call that accepted the buffer to its release, for one send in 61 (a clock
     /// read per send would cost a few percent of a small send); `None` for the others.
     pub latency: Option<Duration>,
-    /// Set when the send stopped part way (a stream socket reset after a short write).
+    /// Set when the send stopped part way (a stream socket reset after a short write), or the
+    /// kernel refused it after the call (an io_uring request's `-errno`, a train the path
+    /// refused): the kernel's error as it gave it, so `raw_os_error()` is its errno. What to do
+    /// where the errno says little: [`advice`](Self::advice), also in this report's `Display`.
     pub error: Option<io::Error>,
+}
+
+impl Report {
+    /// What to do about [`error`](Self::error), where its errno says little (the table of
+    /// [`SendError::advice`](crate::SendError::advice)).
+    pub fn advice(&self) -> Option<&'static str> {
+        self.error
+            .as_ref()
+            .and_then(io::Error::raw_os_error)
+            .and_then(crate::error::advice)
+    }
+}
+
+/// `"{bytes} bytes, zero-copy"`, `"... copied (Kernel)"`, and the error with its advice.
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes, ", self.bytes)?;
+        match self.path {
+            SendPath::ZeroCopy => f.write_str("zero-copy")?,
+            SendPath::Copied(reason) => write!(f, "copied ({reason:?})")?,
+        }
+        match &self.error {
+            Some(e) => write!(f, ", failed: {e}{}", crate::error::Advice(e)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A buffer the kernel is done with, and how it went.
@@ -307,6 +337,28 @@ pub struct Readiness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_shows_its_path_and_its_error_with_what_to_do() {
+        let mut r = Report {
+            bytes: 2000,
+            path: SendPath::ZeroCopy,
+            latency: None,
+            error: None,
+        };
+        assert_eq!(r.to_string(), "2000 bytes, zero-copy");
+        assert_eq!(r.advice(), None);
+        r.bytes = 0;
+        r.path = SendPath::Copied(CopyReason::Engine);
+        r.error = Some(io::Error::from_raw_os_error(libc::EMSGSIZE));
+        assert_eq!(r.advice(), Some(crate::error::TOO_LARGE));
+        let shown = r.to_string();
+        assert!(
+            shown.starts_with("0 bytes, copied (Engine), failed: "),
+            "{shown}"
+        );
+        assert!(shown.ends_with(crate::error::TOO_LARGE), "{shown}");
+    }
 
     #[test]
     fn merge_sums_every_counter_and_gauge_and_the_caps_that_exist() {

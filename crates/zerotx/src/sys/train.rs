@@ -4,7 +4,7 @@
 
 use std::io::{self, IoSlice};
 use std::mem;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use socket2::SockAddr;
 
@@ -156,6 +156,34 @@ unsafe fn sendmsg_inline(fd: libc::c_int, msg: *const libc::msghdr, flags: libc:
     } else {
         n
     }
+}
+
+/// The kernel's answer to a train of `segments` one-byte datagrams from a fresh UDP socket to
+/// another bound on 127.0.0.1 (loopback only: nothing leaves the host): the call's result, and
+/// the length of the first datagram read back (waited for at most 200 ms; loopback delivers
+/// before the call returns). Both sockets are closed on return, with what else was delivered.
+/// Fails where loopback is down (a fresh network namespace) or refuses the sockets.
+pub(crate) fn probe_segments(segments: u16) -> (io::Result<usize>, Option<usize>) {
+    let bind = || std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0));
+    let (rx, tx) = match (bind(), bind()) {
+        (Ok(rx), Ok(tx)) => (rx, tx),
+        (Err(e), _) | (_, Err(e)) => return (Err(e), None),
+    };
+    let dest = match rx.local_addr() {
+        Ok(a) => SockAddr::from(a),
+        Err(e) => return (Err(e), None),
+    };
+    let train = vec![0u8; usize::from(segments)];
+    let sent = send_train(tx.as_fd(), &train, 1, Some(&dest), 0);
+    if sent.is_err() {
+        return (sent, None);
+    }
+    // One byte more than the train: a datagram longer than a segment is the whole train.
+    let mut first = vec![0u8; train.len() + 1];
+    let read = rx
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .and_then(|()| rx.recv(&mut first));
+    (sent, read.ok())
 }
 
 #[cfg(test)]

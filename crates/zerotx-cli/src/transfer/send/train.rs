@@ -73,12 +73,11 @@ impl Trains {
 /// What the kernel's answer to a train says about trains on this path, when it refuses the
 /// train rather than the destination (docs/kernel.md, "UDP GSO trains: the kernel's limits,
 /// measured"): nothing of the train was sent (it came back in `SendError::Io`), and one datagram
-/// per call may still go. The library words its own answer to a train the kernel refused after
-/// building it (`EMSGSIZE`, `EINVAL`: a segment above the MTU, too many segments) as an error of
-/// its own, with no errno: that is a refusal too.
+/// per call may still go. The library hands the kernel's errno back as it gave it, so the errno
+/// alone says which.
 pub fn refusal(e: &io::Error) -> Option<String> {
     let why = match e.raw_os_error() {
-        None => return Some(e.to_string()),
+        None => return None,
         Some(libc::EMSGSIZE) => "EMSGSIZE: a datagram and its headers exceed the path's MTU",
         Some(libc::EINVAL) => "EINVAL: the kernel refused the train's segments",
         Some(libc::EIO) => "EIO: the device cannot checksum a UDP GSO packet",
@@ -150,12 +149,8 @@ mod tests {
             let e = io::Error::from_raw_os_error(errno);
             assert!(refusal(&e).is_some(), "{e}");
         }
-        // The library's own wording of a refused train keeps its words.
-        let e = io::Error::other("Message too long (os error 90): the kernel refused the train");
-        assert_eq!(
-            refusal(&e).as_deref(),
-            Some("Message too long (os error 90): the kernel refused the train")
-        );
+        // Only the kernel's errno tells a refusal: an error without one is not.
+        assert_eq!(refusal(&io::Error::other("no errno")), None);
         for errno in [libc::ECONNREFUSED, libc::ENETUNREACH, libc::EPERM] {
             let e = io::Error::from_raw_os_error(errno);
             assert_eq!(refusal(&e), None, "{e}");

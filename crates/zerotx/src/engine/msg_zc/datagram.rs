@@ -25,8 +25,8 @@ use crate::engine::policy::train::{self as trains, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
 use crate::engine::sendmsg_runs::{send_run, RunMode, RunSent};
+use crate::engine::sendmsg_train::split_train;
 use crate::engine::sendmsg_train::BatchRuns;
-use crate::engine::sendmsg_train::{split_train, train_error};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::ledger::SlotId;
@@ -350,8 +350,7 @@ fn write_train<B: SendBuf>(
                 false,
                 sock,
                 rec,
-            )
-            .map_err(train_error)?;
+            )?;
             return Ok(if all { Wait::Nothing } else { Wait::Writable });
         }
         core.stats.syscalls += 1;
@@ -391,7 +390,7 @@ fn write_train<B: SendBuf>(
                 rec.kernel_copied = true;
                 rec.auto_zc = false;
             }
-            TrainFailure::Fail(_) => return Err(train_error(error)),
+            TrainFailure::Fail(_) => return Err(error),
         }
     }
 }

@@ -3,8 +3,9 @@
 //! datagram per call. The kernel's rules behind them: docs/kernel.md, "UDP GSO trains".
 //!
 //! - [`check`]: refused before any call (the buffer handed back with a reason): a segment of 0,
-//!   more segments than the kernel takes in one call ([`max_segments`]), more bytes than one
-//!   GSO packet carries ([`max_train_bytes`]).
+//!   more segments than the kernel takes in one call ([`max_segments`], the version rule, and
+//!   where it says 64, [`segment_limit`]: a probe train, the first time a train needs more),
+//!   more bytes than one GSO packet carries ([`max_train_bytes`]).
 //! - [`on_failure`]: a train call that failed. `EIO` (the device or the route cannot checksum
 //!   a GSO packet, as before 6.11 without checksum offload, or an IPsec route) sends the train
 //!   one datagram per call, by copy, and the path is remembered ([`SplitPaths`]); the budget's
@@ -55,13 +56,14 @@ pub(crate) fn carries_trains(kind: SockKind) -> bool {
 
 /// `UDP_MAX_SEGMENTS` before Linux 6.9: the segments one call may carry.
 pub(crate) const MAX_SEGMENTS_OLD: u16 = 64;
-/// `UDP_MAX_SEGMENTS` from Linux 6.9 (commit 1382e3b6a350, backported to some stable kernels,
-/// which then get the older, safe limit here).
+/// `UDP_MAX_SEGMENTS` from Linux 6.9 (commit 1382e3b6a350), and on the stable kernels that took
+/// the change (Debian's 6.1 and 6.12: docs/kernel.md, "UDP GSO trains: the kernel's limits,
+/// measured"), which [`segment_limit`]'s probe finds.
 pub(crate) const MAX_SEGMENTS_NEW: u16 = 128;
 
-/// The segments one train call may carry on the kernel whose release string is `release`
-/// (`uname -r`): [`MAX_SEGMENTS_NEW`] from 6.9, [`MAX_SEGMENTS_OLD`] before and when the string
-/// cannot be read.
+/// The version rule: the segments one train call may carry on the kernel whose release string is
+/// `release` (`uname -r`): [`MAX_SEGMENTS_NEW`] from 6.9, [`MAX_SEGMENTS_OLD`] before and when the
+/// string cannot be read. A kernel before 6.9 may take more (a backport): [`segment_limit`].
 pub(crate) fn max_segments(release: &str) -> u16 {
     let mut parts = release
         .split(|c: char| !c.is_ascii_digit())
@@ -69,6 +71,38 @@ pub(crate) fn max_segments(release: &str) -> u16 {
     match (parts.next().flatten(), parts.next().flatten()) {
         (Some(major), Some(minor)) if (major, minor) >= (6, 9) => MAX_SEGMENTS_NEW,
         _ => MAX_SEGMENTS_OLD,
+    }
+}
+
+/// The segments of the probe train (one byte each): the newer limit, so a kernel that takes it
+/// takes every train up to it, and one that refuses it (`EINVAL`) keeps the older limit, even if
+/// some kernel had a limit in between.
+pub(crate) const PROBE_SEGMENTS: u16 = MAX_SEGMENTS_NEW;
+
+/// The segment limit that decides a train of `count` segments, under the version rule's `rule`:
+/// `rule`, unless the train is above it and within [`MAX_SEGMENTS_NEW`] (a backport may take
+/// it). Only then is `probe` asked; where it has no answer (it could not run), `rule`.
+pub(crate) fn segment_limit(count: usize, rule: u16, probe: impl FnOnce() -> Option<u16>) -> u16 {
+    if count <= usize::from(rule) || count > usize::from(MAX_SEGMENTS_NEW) {
+        return rule;
+    }
+    probe().unwrap_or(rule)
+}
+
+/// What the probe train of [`PROBE_SEGMENTS`] one-byte datagrams says about the kernel's limit:
+/// `sent` is the call's answer (bytes, or the errno), `first` the length of the first datagram
+/// read back. `None` where it says nothing about the kernel (the probe could not run: loopback
+/// down, a socket refused, nothing read back), to be asked again later, never kept.
+pub(crate) fn probed_limit(sent: Result<usize, Option<i32>>, first: Option<usize>) -> Option<u16> {
+    match (sent, first) {
+        // Taken, and cut into one-byte datagrams: the kernel takes the newer limit.
+        (Ok(n), Some(1)) if n == usize::from(PROBE_SEGMENTS) => Some(MAX_SEGMENTS_NEW),
+        // Taken whole as one datagram: the kernel ignored `UDP_SEGMENT` (before 4.18, no GSO),
+        // so none of its trains goes as one; the older limit is as safe as any.
+        (Ok(_), Some(n)) if n > 1 => Some(MAX_SEGMENTS_OLD),
+        // Refused as more segments than one call carries (`udp_send_skb`).
+        (Err(Some(libc::EINVAL)), _) => Some(MAX_SEGMENTS_OLD),
+        _ => None,
     }
 }
 
@@ -97,8 +131,9 @@ pub(crate) fn auto_copies(len: usize) -> bool {
 pub(crate) const ZERO_SEGMENT: &str = "a train's segment size is 0: give the datagram size, \
                                        at least 1 byte";
 pub(crate) const TOO_MANY_SEGMENTS: &str =
-    "the train has more segments than the kernel takes in one call (UDP_MAX_SEGMENTS: 64 \
-     before Linux 6.9, 128 since): send it as several trains, or use a larger segment";
+    "the train has more segments than this kernel takes in one call (UDP_MAX_SEGMENTS: 128 \
+     since Linux 6.9 and on older kernels that took the change, as the kernel answered a probe; \
+     64 on the others): send it as several trains, or use a larger segment";
 pub(crate) const TOO_LONG: &str = "the train is longer than one UDP GSO packet carries (65507 \
                                    bytes on IPv4, 65527 on IPv6): send it as several trains";
 pub(crate) const NOT_DATAGRAMS: &str =
@@ -107,12 +142,13 @@ pub(crate) const NO_GSO_ENGINE: &str =
     "this engine sends no trains (it holds no datagram socket): send trains on a UDP socket";
 
 /// Whether a train of `len` bytes in `segment`-byte datagrams may go (one call carries at most
-/// `max_segments`), on an IPv6 socket if `v6`.
+/// `max_segments(count)` segments, asked with the train's count: [`segment_limit`]), on an IPv6
+/// socket if `v6`.
 pub(crate) fn check(
     len: usize,
     segment: u16,
     v6: bool,
-    max_segments: u16,
+    max_segments: impl FnOnce(usize) -> u16,
 ) -> Result<(), &'static str> {
     if segment == 0 {
         return Err(ZERO_SEGMENT);
@@ -120,7 +156,8 @@ pub(crate) fn check(
     if len > max_train_bytes(v6) {
         return Err(TOO_LONG);
     }
-    if Train::new(segment).count(len) > usize::from(max_segments) {
+    let count = Train::new(segment).count(len);
+    if count > usize::from(max_segments(count)) {
         return Err(TOO_MANY_SEGMENTS);
     }
     Ok(())
@@ -134,16 +171,11 @@ pub(crate) enum TrainFailure {
     /// The path cannot send it as one GSO packet (`EIO`): one datagram per call, by copy, and
     /// the path remembered. Nothing of it went.
     Split,
-    /// The buffer's error, never retried; `hint` says what to do, where the errno says little.
+    /// The buffer's error (the kernel's, kept as it gave it), never retried; `Some` with what to
+    /// do ([`crate::error::advice`]) where the kernel refused the train as built: its segments
+    /// or its size do not fit the path or the kernel's limits.
     Fail(Option<&'static str>),
 }
-
-/// [`TrainFailure::Fail`]'s hint for a train the kernel refused after building it.
-pub(crate) const REFUSED_AFTER_BUILD: &str =
-    "the kernel refused the train: each segment plus the IP and UDP headers must fit the path \
-     MTU (a segment of at most the MTU less 28 bytes on IPv4, 48 on IPv6), and the whole train \
-     one GSO packet (65507 bytes to an IPv4 destination, an IPv4-mapped one on an IPv6 socket \
-     too); send smaller segments or a shorter train";
 
 /// The answer to a train call that failed with `errno`, once the engine knows whether it took a
 /// zero-copy id (`took_id`; always `false` for a copy).
@@ -151,7 +183,7 @@ pub(crate) fn on_failure(errno: Option<i32>, took_id: bool) -> TrainFailure {
     match errno {
         Some(libc::EIO) => TrainFailure::Split,
         Some(libc::ENOBUFS) if !took_id => TrainFailure::Budget,
-        Some(libc::EMSGSIZE | libc::EINVAL) => TrainFailure::Fail(Some(REFUSED_AFTER_BUILD)),
+        Some(e @ (libc::EMSGSIZE | libc::EINVAL)) => TrainFailure::Fail(crate::error::advice(e)),
         _ => TrainFailure::Fail(None),
     }
 }
@@ -313,7 +345,71 @@ mod tests {
             (1000, 0, false, 128, Err(ZERO_SEGMENT)),
         ];
         for (len, segment, v6, max, want) in table {
-            assert_eq!(check(len, segment, v6, max), want, "{len} / {segment}");
+            assert_eq!(check(len, segment, v6, |_| max), want, "{len} / {segment}");
+        }
+    }
+
+    #[test]
+    fn the_probe_is_asked_only_for_a_train_the_version_rule_refuses_and_a_backport_may_take() {
+        use std::cell::Cell;
+        let asked = Cell::new(0);
+        let probe = |answer: Option<u16>| {
+            let asked = &asked;
+            move || {
+                asked.set(asked.get() + 1);
+                answer
+            }
+        };
+        let table = [
+            // count, version rule, the probe's answer, limit, probe asked
+            (44, 64, Some(128), 64, false),
+            (64, 64, Some(128), 64, false),
+            (65, 64, Some(128), 128, true),
+            (128, 64, Some(128), 128, true),
+            (129, 64, Some(128), 64, false),
+            (100, 64, Some(64), 64, true),
+            // The probe could not run: the version rule.
+            (100, 64, None, 64, true),
+            // 6.9 on: the rule says 128, and nothing above it is asked.
+            (128, 128, Some(64), 128, false),
+            (129, 128, Some(128), 128, false),
+        ];
+        for (count, rule, answer, want, ask) in table {
+            asked.set(0);
+            let got = segment_limit(count, rule, probe(answer));
+            assert_eq!(
+                (got, asked.get() == 1),
+                (want, ask),
+                "{count} / {rule} / {answer:?}"
+            );
+        }
+        // Through `check`: 100 x 100 B under the rule of 64, a kernel that took the change.
+        asked.set(0);
+        let limit = |n| segment_limit(n, 64, probe(Some(128)));
+        assert_eq!(check(10_000, 100, false, limit), Ok(()));
+        let limit = |n| segment_limit(n, 64, probe(None));
+        assert_eq!(check(10_000, 100, false, limit), Err(TOO_MANY_SEGMENTS));
+        assert_eq!(asked.get(), 2);
+    }
+
+    #[test]
+    fn what_the_probe_train_says() {
+        let took = Ok(usize::from(PROBE_SEGMENTS));
+        let table = [
+            (took, Some(1), Some(MAX_SEGMENTS_NEW)),
+            // The kernel ignored UDP_SEGMENT: the train arrived as one datagram.
+            (took, Some(128), Some(MAX_SEGMENTS_OLD)),
+            (Err(Some(EINVAL)), None, Some(MAX_SEGMENTS_OLD)),
+            // Says nothing of the kernel: asked again later.
+            (took, None, None),
+            (Ok(5), Some(1), None),
+            (Err(Some(libc::ENETUNREACH)), None, None),
+            (Err(Some(libc::EADDRNOTAVAIL)), None, None),
+            (Err(Some(EPERM)), None, None),
+            (Err(None), None, None),
+        ];
+        for (sent, first, want) in table {
+            assert_eq!(probed_limit(sent, first), want, "{sent:?} {first:?}");
         }
     }
 
@@ -327,10 +423,11 @@ mod tests {
             // A qdisc drop with IP_RECVERR: the train was built and dropped.
             (ENOBUFS, true, Fail(None)),
             (EPERM, true, Fail(None)),
-            (EMSGSIZE, true, Fail(Some(REFUSED_AFTER_BUILD))),
-            (EINVAL, true, Fail(Some(REFUSED_AFTER_BUILD))),
-            (EMSGSIZE, false, Fail(Some(REFUSED_AFTER_BUILD))),
+            (EMSGSIZE, true, Fail(crate::error::advice(EMSGSIZE))),
+            (EINVAL, true, Fail(crate::error::advice(EINVAL))),
+            (EMSGSIZE, false, Fail(crate::error::advice(EMSGSIZE))),
         ];
+        assert!(crate::error::advice(EMSGSIZE).is_some() && crate::error::advice(EINVAL).is_some());
         for (errno, took, want) in table {
             assert_eq!(on_failure(Some(errno), took), want, "{errno} {took}");
         }

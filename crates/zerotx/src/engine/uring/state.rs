@@ -10,7 +10,7 @@ use super::cqe::{Req, Then};
 use crate::buf::SendBuf;
 use crate::engine::policy::train::{self as trains, SplitPaths, TrainFailure};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_train::{kernel_train_segments, split_train, train_error};
+use crate::engine::sendmsg_train::{check_train, kernel_train_segments, split_train};
 use crate::report::Stats;
 use crate::sys::uring::SendOp;
 
@@ -297,9 +297,10 @@ impl Trains {
         }
     }
 
-    /// Whether a train of `len` bytes in `segment`-byte datagrams may go ([`trains::check`]).
+    /// Whether a train of `len` bytes in `segment`-byte datagrams may go ([`check_train`]: the
+    /// version rule's limit, probed for a train above it).
     pub(super) fn check(&self, len: usize, segment: u16) -> Result<(), &'static str> {
-        trains::check(len, segment, self.v6, self.segments)
+        check_train(len, segment, self.v6, self.segments)
     }
 
     /// A train's last CQE (`res` of a request that carried `len` bytes, `then` what
@@ -309,8 +310,8 @@ impl Trains {
     /// come; if it did, the train (or the split train's datagram) would count as sent whole, as
     /// any datagram's request does. A split train goes on to its next datagram; `EIO` splits a
     /// train ([`trains::on_failure`]; `ENOBUFS` is never the budget on io_uring, so every failed
-    /// request counts as built); any other failure is the train's error, with what to do where
-    /// the errno says little ([`train_error`]).
+    /// request counts as built); any other failure is the train's error, the kernel's errno as
+    /// it gave it (what to do: `Report::advice`).
     pub(super) fn after<B: SendBuf>(
         &mut self,
         rec: &mut Record<B>,
@@ -352,7 +353,7 @@ impl Trains {
                 Then::Continue
             }
             _ => {
-                rec.error = Some(train_error(io::Error::from_raw_os_error(errno)));
+                rec.error = Some(io::Error::from_raw_os_error(errno));
                 Then::Fail(errno)
             }
         }
