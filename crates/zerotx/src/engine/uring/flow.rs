@@ -469,8 +469,12 @@ impl<B: SendBuf, O: Order> State<B, O> {
         let fixed = match (rec.cut(), rec.bufs.as_slice()) {
             (Cut::None, [one]) => fixed_index(region, self.order.merge(), one)
                 .map(|index| SendKind::Fixed { index, zc_flags }),
-            (Cut::Train(_), [one]) if sysu::sendmsg_zc_fixed() => {
-                fixed_index(region, false, one).map(|index| SendKind::FixedMsg { index, zc_flags })
+            // A train, or a batch's run whose every buffer lies in the region.
+            (Cut::Train(_), [first, rest @ ..]) if sysu::sendmsg_zc_fixed() => {
+                let all = rest.iter().all(|b| fixed_index(region, false, b).is_some());
+                fixed_index(region, false, first)
+                    .filter(|_| all)
+                    .map(|index| SendKind::FixedMsg { index, zc_flags })
             }
             _ => None,
         };
