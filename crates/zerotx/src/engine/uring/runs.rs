@@ -28,8 +28,8 @@
 use std::collections::VecDeque;
 
 use super::core::UringCore;
-use super::flow::{fixed_index, op_for};
-use super::state::Unordered;
+use super::flow::fixed_index;
+use super::state::{op_for, Unordered};
 use crate::buf::SendBuf;
 use crate::engine::policy::train::{self as trains, Train};
 use crate::engine::send_front;

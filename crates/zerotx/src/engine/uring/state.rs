@@ -5,6 +5,9 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+
+use socket2::SockAddr;
 
 use super::cqe::{Req, Then};
 use crate::buf::SendBuf;
@@ -16,6 +19,24 @@ use crate::sys::uring::SendOp;
 
 /// A request of this engine: a record and the engine's account of it.
 pub(super) type Op<B> = SendOp<Record<B>, Req>;
+
+/// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished request's
+/// box, whose record was released) if there is one: the record is refilled in place, not built
+/// and moved in.
+pub(super) fn op_for<B: SendBuf>(
+    spare: Option<Box<Op<B>>>,
+    buf: B,
+    dest: Option<Box<SockAddr>>,
+    started: Option<Instant>,
+) -> Box<Op<B>> {
+    match spare {
+        Some(mut op) => {
+            op.payload_mut().refill(buf, dest, started);
+            op
+        }
+        None => SendOp::new(Record::new(buf, dest, started)),
+    }
+}
 
 /// A record due for its next request, in the box that request will use.
 pub(super) struct Next<B> {

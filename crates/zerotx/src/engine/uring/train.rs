@@ -31,8 +31,8 @@ use std::io;
 use socket2::SockAddr;
 
 use super::core::UringCore;
-use super::flow::{fixed_index, op_for, State};
-use super::state::{Op, Order, Unordered};
+use super::flow::{fixed_index, State};
+use super::state::{op_for, Op, Order, Unordered};
 use crate::buf::SendBuf;
 use crate::engine::policy::auto::{Choice, Load};
 use crate::engine::policy::train::{self as trains, Train};
