@@ -30,9 +30,9 @@ pub struct SenderConfig {
     /// `auto`: may it use io_uring (the default where the kernel offers zero-copy requests that
     /// report copies)? `false` keeps it on `sendmsg(2)`, e.g. where policy forbids io_uring.
     pub auto_uring: bool,
-    /// `copy`, `msg-zc` and `auto` on `sendmsg(2)`: a batch's runs of equal-size datagrams
-    /// (the last of a run may be shorter) go as UDP GSO trains, one call (and under `MSG_ZEROCOPY`
-    /// one id) per run, where the socket is connected UDP and the kernel has GSO (the default).
+    /// Every engine: a batch's runs of equal-size datagrams (the last of a run may be shorter)
+    /// go as UDP GSO trains, one call or io_uring request (and under `MSG_ZEROCOPY` one id) per
+    /// run, where the socket is connected UDP and the kernel has GSO (the default).
     /// `false`: one datagram per call, e.g. where netfilter rules must see each datagram (an
     /// output-hook rule sees a train as one packet: docs/kernel.md, "UDP GSO trains").
     pub batch_trains: bool,

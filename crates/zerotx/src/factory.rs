@@ -179,7 +179,14 @@ fn uring<B: SendBuf>(
     Ok(if sock.kind.is_ordered() {
         Box::new(UringStream::new(sock, zc, uring, ring, auto)?)
     } else {
-        Box::new(UringDatagram::new(sock, zc, uring, ring, auto)?)
+        Box::new(UringDatagram::new(
+            sock,
+            zc,
+            uring,
+            ring,
+            auto,
+            cfg.batch_trains,
+        )?)
     })
 }
 

@@ -583,17 +583,26 @@ impl<B: SendBuf> Sender<B> {
     /// (the whole batch enters the queue first, so the first request carries up to `batch`
     /// buffers). `copy` on a byte stream (TCP, AF_UNIX, vsock) writes up to 32 buffers per system
     /// call, their bytes in order, and so does `auto` with the buffers under 16 KiB it copies on
-    /// io_uring while none of the stream's requests is out. On a connected UDP socket, `copy`,
-    /// `msg-zc` and `auto` over `sendmsg(2)` send each run of consecutive datagrams of one size
-    /// (the last of a run may be shorter; each within the path MTU) as one UDP GSO train: one
-    /// `sendmsg` with one iovec per buffer, under `MSG_ZEROCOPY` one id for the run (a zero-copy
-    /// train carries what of the run fits one skb's 17 page fragments: buffers of one allocation
-    /// go whole), every buffer released after it ([`Stats::batch_train_buffers`];
+    /// io_uring while none of the stream's requests is out. On a connected UDP socket every
+    /// engine (`copy`, `msg-zc`, `uring`, `uring-zc`, `auto` on either family) sends each run of
+    /// consecutive datagrams of one size (the last of a run may be shorter; each within the path
+    /// MTU) as one UDP GSO train: one `sendmsg` (on io_uring one `SENDMSG`/`SENDMSG_ZC` request)
+    /// with one iovec per buffer, under `MSG_ZEROCOPY` one id for the run (a zero-copy train
+    /// carries what of the run fits one skb's 17 page fragments: buffers of one allocation go
+    /// whole), every buffer released after it ([`Stats::batch_train_buffers`];
     /// [`SenderConfig::with_batch_trains`](crate::SenderConfig::with_batch_trains) turns it off).
-    /// The receiver gets the same datagrams in the same order; a train the kernel dropped whole
-    /// (netfilter, a qdisc, a socket error) fails as its first datagram would, the rest staying
-    /// in `bufs`; but an output-hook netfilter rule sees the train as one packet. Other buffers
-    /// go one system call each.
+    /// The receiver gets the same datagrams in the same order, but an output-hook netfilter rule
+    /// sees the train as one packet. Other buffers go one system call (or request) each.
+    ///
+    /// A run's train the kernel refused sent nothing of it, and no datagram of it is ever
+    /// reported sent or sent twice: refused as a train (`EIO` where the path cannot checksum GSO,
+    /// remembered for the path; `EMSGSIZE`/`EINVAL`, a path MTU that dropped, read again for the
+    /// next run; the zero-copy budget) its datagrams go one per call or request; dropped whole
+    /// (netfilter's `EPERM`, a qdisc's `ENOBUFS` with `IP_RECVERR`, a pending socket error) each
+    /// buffer the answer names fails with the error. Over `sendmsg(2)` the call answers at once,
+    /// so the drop names the run's first datagram, which comes back in the error, and the rest
+    /// stay in `bufs`; on io_uring it comes in the request's CQE after this call returned, so
+    /// every buffer of the run is released with the error (and the batch went on).
     ///
     /// This is the call for throughput on io_uring: where completions come back at once (a send
     /// that drops or copies its data, measured into the black hole), a `send` loop finds nothing

@@ -31,7 +31,9 @@ fn uring_zc_on_shared_ring<B: zerotx::SendBuf>(
     let ring = UringShared::new(UringConfig::default().with_batch(batch)).unwrap();
     let sock = UdpSocket::bind("0.0.0.0:0").unwrap();
     sock.connect(dest).unwrap();
-    let tx = Sender::with_config(sock, SenderConfig::shared(EngineKind::UringZc, &ring)).unwrap();
+    // One request per datagram (no runs as trains): these tests count how requests enter.
+    let cfg = SenderConfig::shared(EngineKind::UringZc, &ring).with_batch_trains(false);
+    let tx = Sender::with_config(sock, cfg).unwrap();
     (ring, tx)
 }
 

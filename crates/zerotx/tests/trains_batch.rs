@@ -15,9 +15,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use util::trains::{assert_uring, uring_engines};
 use util::veth::{over_veth, receive_all, receiver_of, tbf, udp_of};
 use util::{connected_udp, require};
-use zerotx::{CopyReason, EngineKind, SendError, SendPath, Sender, SenderConfig, Stats};
+use zerotx::{
+    BufPool, CopyReason, EngineKind, PoolBufMut, PooledBuf, SendError, SendPath, Sender,
+    SenderConfig, Stats,
+};
 
 /// The engines whose batches become trains (`auto` kept on `sendmsg(2)`).
 fn batch_engines() -> [(&'static str, SenderConfig); 3] {
@@ -152,6 +156,11 @@ fn every_datagram_of_a_batch_arrives_as_sent() {
 /// Datagrams of `sizes` numbered from 0, as slices of one allocation from the start of a page:
 /// contiguous, so a run of them takes as few page fragments as one buffer of their bytes.
 fn contiguous(sizes: &[usize]) -> VecDeque<Bytes> {
+    contiguous_from(0, sizes)
+}
+
+/// As [`contiguous`], numbered from `first`.
+fn contiguous_from(first: u32, sizes: &[usize]) -> VecDeque<Bytes> {
     const PAGE: usize = 4096;
     let total: usize = sizes.iter().sum();
     let mut all = Vec::with_capacity(PAGE + total);
@@ -161,7 +170,7 @@ fn contiguous(sizes: &[usize]) -> VecDeque<Bytes> {
         sizes
             .iter()
             .enumerate()
-            .flat_map(|(i, &len)| datagram(i as u32, len)),
+            .flat_map(|(i, &len)| datagram(first + i as u32, len)),
     );
     let all = Bytes::from(all).slice(pad..);
     assert_eq!(
@@ -544,4 +553,589 @@ fn a_pending_socket_error_fails_the_next_run_as_its_first_datagram() {
             "{stats:?}"
         );
     }
+}
+
+/// Where a test's batch buffers come from and go back to: heap buffers, or blocks of a pool
+/// registered with the sender's ring. Each buffer is overwritten the instant it comes back, so
+/// an early release would put the overwrite on the wire.
+trait Source<B> {
+    /// Datagram `n` of `len` bytes, or `None` until a buffer comes back.
+    fn make(&mut self, n: u32, len: usize) -> Option<B>;
+    /// A buffer back from the sender: overwritten at once.
+    fn back(&mut self, buf: B);
+}
+
+/// Heap buffers ([`datagram`]).
+struct Heap;
+
+impl Source<Vec<u8>> for Heap {
+    fn make(&mut self, n: u32, len: usize) -> Option<Vec<u8>> {
+        Some(datagram(n, len))
+    }
+
+    fn back(&mut self, mut buf: Vec<u8>) {
+        buf.fill(0xEE);
+    }
+}
+
+/// Blocks of a [`BufPool`] of 2 KiB blocks: two datagrams to a page, each its own page
+/// fragment.
+struct Pool {
+    pool: BufPool,
+    free: Vec<PoolBufMut>,
+}
+
+impl Pool {
+    fn new(blocks: usize) -> Self {
+        let pool = BufPool::new(2048, blocks).unwrap();
+        let free = (0..blocks).map(|_| pool.take().unwrap()).collect();
+        Self { pool, free }
+    }
+}
+
+impl Source<PooledBuf> for Pool {
+    fn make(&mut self, n: u32, len: usize) -> Option<PooledBuf> {
+        let mut b = self.free.pop()?;
+        b[..len].copy_from_slice(&datagram(n, len));
+        Some(b.freeze(len))
+    }
+
+    fn back(&mut self, buf: PooledBuf) {
+        let mut m = buf.into_mut();
+        m.fill(0xEE);
+        self.free.push(m);
+    }
+}
+
+/// [`send_batches`] through `tx` with buffers from `src`: `send_batch` of `sizes` (numbered on
+/// across rounds), `rounds` times; every buffer back is checked (no error, its whole length)
+/// and given back to `src` at once. Returns the final counters.
+fn send_batches_from<B: zerotx::SendBuf>(
+    mut tx: Sender<B>,
+    src: &mut impl Source<B>,
+    sizes: &[usize],
+    rounds: u32,
+) -> Stats {
+    let mut out = Vec::new();
+    let mut back = 0;
+    let mut take = |out: &mut Vec<zerotx::Released<B>>, src: &mut dyn FnMut(B)| {
+        for r in out.drain(..) {
+            assert!(r.report.error.is_none(), "{:?}", r.report.error);
+            assert_eq!(r.report.bytes, r.buf.as_bytes().len());
+            src(r.buf);
+            back += 1;
+        }
+    };
+    for round in 0..rounds {
+        let mut b = VecDeque::new();
+        for (i, &len) in sizes.iter().enumerate() {
+            let n = round * sizes.len() as u32 + i as u32;
+            let buf = loop {
+                if let Some(buf) = src.make(n, len) {
+                    break buf;
+                }
+                tx.wait_released(&mut out, Some(Duration::from_secs(10)))
+                    .unwrap();
+                take(&mut out, &mut |buf| src.back(buf));
+            };
+            b.push_back(buf);
+        }
+        tx.send_batch(&mut b).unwrap();
+        assert!(b.is_empty());
+        tx.reap(&mut out).unwrap();
+        take(&mut out, &mut |buf| src.back(buf));
+    }
+    let (mut rest, stats) = util::finish(tx);
+    take(&mut rest, &mut |buf| src.back(buf));
+    assert_eq!(
+        back,
+        sizes.len() * rounds as usize,
+        "every buffer back once"
+    );
+    stats
+}
+
+/// The io_uring senders whose batches become trains, and whether each sends from a registered
+/// pool; `None`: io_uring is unavailable (skipped, or failed under `ZEROTX_STRICT=1`).
+fn uring_batch_engines() -> Option<Vec<(&'static str, SenderConfig, bool)>> {
+    let mut engines: Vec<_> = uring_engines()?
+        .into_iter()
+        .map(|(name, cfg)| (name, cfg, false))
+        .collect();
+    engines.push((
+        "uring-zc pool",
+        SenderConfig::new(EngineKind::UringZc),
+        true,
+    ));
+    Some(engines)
+}
+
+/// A sender made by `cfg` on `sock` (through io_uring), and the batches of `sizes` sent
+/// `rounds` times through it from a registered pool (`pooled`) or the heap.
+fn send_uring_batches(
+    sock: UdpSocket,
+    (name, cfg, pooled): (&str, SenderConfig, bool),
+    sizes: &[usize],
+    rounds: u32,
+) -> Stats {
+    if pooled {
+        let mut pool = Pool::new(2 * sizes.len());
+        let mut tx: Sender<PooledBuf> = Sender::with_config(sock, cfg).unwrap();
+        tx.register_pool(&pool.pool).unwrap();
+        let stats = send_batches_from(tx, &mut pool, sizes, rounds);
+        assert_eq!(
+            pool.free.len(),
+            pool.pool.count(),
+            "{name}: every block back"
+        );
+        stats
+    } else {
+        let tx = Sender::with_config(sock, cfg).unwrap();
+        assert_uring(&tx, name);
+        send_batches_from(tx, &mut Heap, sizes, rounds)
+    }
+}
+
+/// Every request of a batch is a run's train or a lone datagram: none was refused and sent
+/// again, and zero-copy runs were cut to one skb's page fragments before the kernel saw them
+/// (no `EMSGSIZE`, which would have split them into one request per datagram).
+fn assert_no_refused_request(stats: &Stats, n: u64, name: &str) {
+    let alone = n - stats.batch_train_buffers;
+    assert_eq!(stats.syscalls, stats.trains + alone, "{name}: {stats:?}");
+    assert_eq!(stats.train_splits, 0, "{name}: {stats:?}");
+}
+
+/// Every datagram of every batch arrives whole, once and in order across a veth, through each
+/// io_uring engine (`auto` as a default sender builds it, and `uring-zc` from a registered pool),
+/// with each run in one request, while each buffer is overwritten the instant it comes back; with
+/// the switch off the same batches go one request per datagram. The send buffer holds every
+/// batch, so no request waits for room and none overtakes another.
+#[test]
+fn uring_every_datagram_of_a_batch_arrives_as_sent() {
+    const ROUNDS: u32 = 8;
+    let Some(engines) = uring_batch_engines() else {
+        return;
+    };
+    let sizes = mixed_sizes();
+    let n = (sizes.len() as u64) * u64::from(ROUNDS);
+    let rounds = u64::from(ROUNDS);
+    for (name, cfg, pooled) in engines {
+        for trains in [true, false] {
+            let cfg = cfg.clone().with_batch_trains(trains);
+            let result = over_veth(
+                1500,
+                libc::IPPROTO_UDP,
+                || true,
+                |sock| receive_all(&sock, Duration::from_secs(1)),
+                || {
+                    let sock = connected_udp("192.0.2.2:9".parse().unwrap());
+                    util::set_int_opt(
+                        sock.as_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_SNDBUFFORCE,
+                        4 << 20,
+                    );
+                    let stats = send_uring_batches(sock, (name, cfg, pooled), &sizes, ROUNDS);
+                    assert_eq!(stats.sends, n, "{name}: {stats:?}");
+                    if !trains {
+                        assert_eq!((stats.trains, stats.syscalls), (0, n), "{name}: {stats:?}");
+                        return;
+                    }
+                    assert_no_refused_request(&stats, n, name);
+                    if name == "uring" || name == "auto" {
+                        // Runs of 30 + 1, 3, 50 and 2, and four lone datagrams, per round, copied
+                        // (`auto`: a zero-copy train of separate buffers would carry too few
+                        // bytes, and this route copies anyway).
+                        assert_eq!(stats.batch_train_buffers, 86 * rounds, "{name}: {stats:?}");
+                        assert_eq!(stats.trains, 4 * rounds, "{name}: {stats:?}");
+                    } else {
+                        // A zero-copy train of separate buffers carries at most 17 of them.
+                        assert!(stats.trains >= 4 * rounds, "{name}: {stats:?}");
+                        assert!(
+                            stats.batch_train_buffers >= 80 * rounds,
+                            "{name}: {stats:?}"
+                        );
+                    }
+                },
+            );
+            let Some(got) = result else { return };
+            assert_eq!(got.len(), n as usize, "{name} {trains}");
+            for (i, data) in got.iter().enumerate() {
+                let want = datagram(i as u32, sizes[i % sizes.len()]);
+                assert!(*data == want, "{name} {trains}: datagram {i} differs");
+            }
+        }
+    }
+}
+
+/// Into the black hole, each run of a batch goes as one io_uring request and every buffer of it
+/// comes back zero-copy after that request's notification: contiguous buffers in runs cut only
+/// by the kernel's limits, separate heap buffers and registered pool blocks in runs of at most
+/// 17 (one skb's page fragments), never refused. A default `auto` sender sends a run of 44 x
+/// 1472 B as one request too (copied: a zero-copy train of separate buffers would carry too few
+/// bytes; zero-copy when the buffers are contiguous). With the switch off, one request each.
+#[test]
+fn uring_black_hole_one_request_per_run() {
+    let Some(engines) = uring_engines() else {
+        return;
+    };
+    util::in_black_hole(1500, |bh| {
+        let zc = SenderConfig::new(EngineKind::UringZc);
+        // Three runs by bytes: 44 x 1472, 44 x 1472, 10 x 1472 + 500.
+        let mut sizes = vec![1472; 98];
+        sizes.push(500);
+        let mut tx: Sender<Bytes> = Sender::with_config(connected_udp(bh.v4), zc.clone()).unwrap();
+        tx.send_batch(&mut contiguous(&sizes)).unwrap();
+        let (released, stats) = util::finish(tx);
+        assert_eq!(released.len(), 99);
+        assert!(
+            released
+                .iter()
+                .all(|r| r.report.path == SendPath::ZeroCopy && r.report.error.is_none()),
+            "{stats:?}"
+        );
+        assert_eq!((stats.trains, stats.syscalls), (3, 3), "{stats:?}");
+        assert_eq!(stats.completions, 3, "one notification per run: {stats:?}");
+        assert_eq!(stats.batch_train_buffers, 99, "{stats:?}");
+
+        // Separate heap buffers, and blocks of a registered pool.
+        let sizes = vec![1472; 99];
+        for (name, cfg, pooled) in uring_batch_engines().unwrap() {
+            if name != "uring-zc" && name != "uring-zc pool" {
+                continue;
+            }
+            let stats = send_uring_batches(connected_udp(bh.v4), (name, cfg, pooled), &sizes, 1);
+            assert!(stats.trains >= 99u64.div_ceil(17), "{name}: {stats:?}");
+            assert_no_refused_request(&stats, 99, name);
+            assert_eq!(stats.zerocopy, 99, "{name}: {stats:?}");
+        }
+
+        // The default sender: `auto` on io_uring.
+        let run = vec![1472; 44];
+        let tx = Sender::new(connected_udp(bh.v4), EngineKind::Auto).unwrap();
+        assert_uring(&tx, "auto");
+        let stats = send_batches_from(tx, &mut Heap, &run, 4);
+        assert_eq!((stats.trains, stats.syscalls), (4, 4), "auto: {stats:?}");
+        assert_eq!(stats.batch_train_buffers, 4 * 44, "auto: {stats:?}");
+        let mut tx: Sender<Bytes> = Sender::new(connected_udp(bh.v4), EngineKind::Auto).unwrap();
+        tx.send_batch(&mut contiguous(&run)).unwrap();
+        let (released, stats) = util::finish(tx);
+        assert_eq!((stats.trains, stats.syscalls), (1, 1), "auto: {stats:?}");
+        assert!(
+            released.iter().all(|r| r.report.path == SendPath::ZeroCopy),
+            "auto: {stats:?}"
+        );
+
+        for (name, cfg) in engines {
+            let tx = Sender::with_config(connected_udp(bh.v4), cfg.with_batch_trains(false));
+            let stats = send_batches_from(tx.unwrap(), &mut Heap, &sizes, 1);
+            assert_eq!((stats.trains, stats.syscalls), (0, 99), "{name}: {stats:?}");
+        }
+    });
+}
+
+/// A run whose train netfilter drops whole (`EPERM`) on io_uring: the answer comes in the
+/// request's CQE, after `send_batch` returned, so every buffer of the run comes back with the
+/// error (none of them went), one request, nothing sent again; the batch's lone datagrams after
+/// it fail alone. A train passes a rule that drops one datagram size (it sees one packet).
+#[test]
+fn uring_a_dropped_run_fails_every_buffer_of_it() {
+    let Some(engines) = uring_batch_engines() else {
+        return;
+    };
+    util::in_black_hole(1500, |bh| {
+        let rules = "table inet zerotx_uring_runs {\n  chain out {\n    type filter hook output \
+                     priority 0; policy accept;\n    udp length 1008 drop\n    udp dport 10 \
+                     drop\n  }\n}\n";
+        if !util::run_tool("nft", &["-f", "-"], Some(rules)) {
+            require!(false, "nft unavailable");
+        }
+        for (name, cfg, pooled) in engines {
+            // 1000-byte datagrams in a train pass the length rule.
+            let stats = send_uring_batches(
+                connected_udp(bh.v4),
+                (name, cfg.clone(), pooled),
+                &[1000; 4],
+                1,
+            );
+            assert_eq!((stats.trains, stats.syscalls), (1, 1), "{name}: {stats:?}");
+            // Port 10: every packet dropped, the train whole; then one lone datagram.
+            let dest = std::net::SocketAddr::new(bh.v4.ip(), 10);
+            let mut tx = Sender::with_config(connected_udp(dest), cfg).unwrap();
+            let mut b = batch(0, &[1000, 1000, 1000, 1000, 1000, 1200]);
+            tx.send_batch(&mut b).unwrap();
+            assert!(b.is_empty(), "{name}");
+            let failed = util::flush_after_faults(&mut tx, Duration::from_secs(5), name);
+            assert_eq!(failed, 6, "{name}: {:?}", tx.stats());
+            let (released, stats) = util::finish(tx);
+            assert_eq!(released.len(), 6, "{name}");
+            for (i, r) in released.iter().enumerate() {
+                let error = r.report.error.as_ref().map(|e| e.raw_os_error());
+                assert_eq!(error, Some(Some(libc::EPERM)), "{name}: buffer {i}");
+                assert_eq!(r.report.bytes, 0, "{name}: buffer {i}");
+            }
+            let mut numbers: Vec<u32> = released
+                .iter()
+                .map(|r| u32::from_be_bytes(r.buf[..4].try_into().unwrap()))
+                .collect();
+            numbers.sort_unstable();
+            assert_eq!(numbers, [0, 1, 2, 3, 4, 5], "{name}");
+            assert_eq!(
+                (stats.syscalls, stats.trains),
+                (2, 0),
+                "{name}: the run's request and the lone one, nothing again: {stats:?}"
+            );
+        }
+    });
+}
+
+/// A qdisc that drops (a `tbf` far slower than any sender, 50 Mbit/s, with a short queue) under
+/// `IP_RECVERR`, through each io_uring engine: a run whose train it dropped whole (`ENOBUFS` in
+/// the CQE) comes back with the error on every buffer; every buffer comes back once, nothing is
+/// released early (each is overwritten the instant it comes back), no datagram arrives twice or
+/// changed, and none reported failed arrived.
+#[test]
+fn uring_qdisc_drops_with_recverr_lose_no_buffer_and_repeat_no_datagram() {
+    const ROUNDS: u32 = 60;
+    const RUN: usize = 20;
+    let Some(engines) = uring_engines() else {
+        return;
+    };
+    for (name, cfg) in engines {
+        let qdisc = || tbf("50mbit", "32kb", "64kb");
+        // The numbers of the datagrams whose buffers came back with the error.
+        let failed = std::sync::Mutex::new(Vec::new());
+        let result = over_veth(
+            1500,
+            libc::IPPROTO_UDP,
+            qdisc,
+            |sock| receive_all(&sock, Duration::from_secs(2)),
+            || {
+                let sock = connected_udp("192.0.2.2:9".parse().unwrap());
+                util::set_recverr(sock.as_fd(), false);
+                // A send buffer larger than the qdisc's queue, so the queue overflows.
+                util::set_int_opt(
+                    sock.as_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUFFORCE,
+                    4 << 20,
+                );
+                let mut tx = Sender::with_config(sock, cfg).unwrap();
+                assert_uring(&tx, name);
+                let mut failed = failed.lock().unwrap();
+                let mut back = 0;
+                let mut take = |out: &mut Vec<zerotx::Released<Vec<u8>>>| {
+                    for mut r in out.drain(..) {
+                        if let Some(e) = &r.report.error {
+                            assert_eq!(e.raw_os_error(), Some(libc::ENOBUFS), "{name}");
+                            assert_eq!(r.report.bytes, 0, "{name}");
+                            failed.push(u32::from_be_bytes(r.buf[..4].try_into().unwrap()));
+                        }
+                        r.buf.fill(0xEE);
+                        back += 1;
+                    }
+                };
+                let mut out = Vec::new();
+                for round in 0..ROUNDS {
+                    let mut b = batch(round * RUN as u32, &[1472; RUN]);
+                    tx.send_batch(&mut b).unwrap();
+                    assert!(b.is_empty(), "{name}");
+                    tx.reap(&mut out).unwrap();
+                    take(&mut out);
+                }
+                util::flush_after_faults(&mut tx, Duration::from_secs(20), name);
+                tx.reap(&mut out).unwrap();
+                take(&mut out);
+                let (mut rest, stats) = util::finish(tx);
+                take(&mut rest);
+                assert_eq!(back, ROUNDS as usize * RUN, "{name}: buffers back once");
+                assert!(stats.trains > 0, "{name}: {stats:?}");
+            },
+        );
+        let Some(got) = result else { return };
+        let failed = failed.into_inner().unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for data in &got {
+            let n = u32::from_be_bytes(data[..4].try_into().unwrap());
+            assert!(*data == datagram(n, 1472), "{name}: datagram {n} changed");
+            assert!(seen.insert(n), "{name}: datagram {n} arrived twice");
+        }
+        for n in &failed {
+            assert!(
+                !seen.contains(n),
+                "{name}: datagram {n} arrived, reported failed"
+            );
+        }
+        assert!(
+            !got.is_empty() && got.len() < ROUNDS as usize * RUN,
+            "{name}: the qdisc dropped nothing ({} arrived)",
+            got.len()
+        );
+        eprintln!("{name}: {} arrived, {} failed", got.len(), failed.len());
+    }
+}
+
+/// A UDP-Lite socket never checksums a GSO packet: on `uring` the first run's train request
+/// answers `EIO` in its CQE, and its datagrams go one per request, each request exactly one
+/// buffer of the run; the path is remembered, so the next batch's runs go one per request at
+/// once. Every datagram arrives once, whole, in order.
+#[test]
+fn uring_a_path_that_cannot_checksum_a_run_gets_its_datagrams_one_by_one() {
+    require!(util::is_root(), "needs root for a network namespace");
+    if uring_engines().is_none() {
+        return;
+    }
+    zerotx_testbed::in_new_netns(|| {
+        let Some(rx) = receiver_of("127.0.0.1:0", libc::IPPROTO_UDPLITE) else {
+            return;
+        };
+        let tx_sock = udp_of(libc::IPPROTO_UDPLITE).unwrap();
+        tx_sock.connect(&rx.local_addr().unwrap().into()).unwrap();
+        let tx_sock: std::net::UdpSocket = tx_sock.into();
+        let mut sizes = vec![1000; 9];
+        sizes.push(600);
+        let mut tx = Sender::new(tx_sock, EngineKind::Uring).unwrap();
+        tx.send_batch(&mut batch(0, &sizes)).unwrap();
+        tx.flush(Duration::from_secs(5)).unwrap();
+        tx.send_batch(&mut batch(10, &sizes)).unwrap();
+        let (released, stats) = util::finish(tx);
+        assert_eq!(released.len(), 20);
+        assert!(released.iter().all(|r| r.report.error.is_none()));
+        assert_eq!(stats.train_splits, 1, "{stats:?}");
+        assert_eq!(stats.trains, 0, "{stats:?}");
+        assert_eq!(
+            stats.syscalls,
+            1 + 20,
+            "one refused train, then 20 datagrams: {stats:?}"
+        );
+        let got = receive_all(&rx, Duration::from_millis(300));
+        assert_eq!(got.len(), 20);
+        for (i, data) in got.iter().enumerate() {
+            let want = datagram(i as u32, sizes[i % 10]);
+            assert!(*data == want, "datagram {i}");
+        }
+    })
+    .unwrap();
+}
+
+/// A path MTU that dropped under a run: the run's train, cut for the old MTU, is refused in its
+/// CQE (`EMSGSIZE`, measured on 6.18: a segment above the path MTU), and its datagrams go one per request by copy
+/// (the kernel fragments each), every buffer back without an error; the next batch reads the
+/// path MTU again and sends no train of datagrams above it.
+#[test]
+fn uring_a_run_above_a_path_mtu_that_dropped_goes_datagram_by_datagram() {
+    let Some(engines) = uring_engines() else {
+        return;
+    };
+    util::in_black_hole(1500, |bh| {
+        for (name, cfg) in engines {
+            assert!(util::run_tool(
+                "ip",
+                &["link", "set", "zc0", "mtu", "1500"],
+                None
+            ));
+            let mut tx: Sender<Bytes> = Sender::with_config(connected_udp(bh.v4), cfg).unwrap();
+            assert_uring(&tx, name);
+            let sizes = [1472; 10];
+            tx.send_batch(&mut contiguous(&sizes)).unwrap();
+            tx.flush(Duration::from_secs(5)).unwrap();
+            assert_eq!(tx.stats().trains, 1, "{name}: {:?}", tx.stats());
+            assert!(util::run_tool(
+                "ip",
+                &["link", "set", "zc0", "mtu", "1200"],
+                None
+            ));
+            tx.send_batch(&mut contiguous(&sizes)).unwrap();
+            tx.flush(Duration::from_secs(5)).unwrap();
+            tx.send_batch(&mut contiguous(&sizes)).unwrap();
+            let (released, stats) = util::finish(tx);
+            assert!(
+                released.iter().all(|r| r.report.error.is_none()),
+                "{name}: {stats:?}"
+            );
+            assert_eq!(stats.sends, 30, "{name}: {stats:?}");
+            assert_eq!(
+                (stats.trains, stats.train_splits, stats.syscalls),
+                (1, 0, 1 + 1 + 10 + 10),
+                "{name}: a train, a refused one, its datagrams, then datagrams: {stats:?}"
+            );
+        }
+    });
+}
+
+const MEMLOCK_CHILD: &str = "ZEROTX_RUNS_MEMLOCK_CHILD";
+
+/// The zero-copy budget on io_uring runs: see [`uring_runs_memlock_child`].
+#[test]
+fn uring_runs_under_a_locked_memory_limit() {
+    require!(
+        util::is_root(),
+        "needs root to drop CAP_IPC_LOCK in a child"
+    );
+    util::run_child_test("uring_runs_memlock_child", MEMLOCK_CHILD);
+}
+
+/// Under a 64 KiB locked-memory limit, `uring-zc` runs of 11 x 1472 B (one allocation, about 16
+/// KiB of pinned pages each) queue behind a slow `tbf` (no drops): the pages stay pinned, and
+/// the kernel refuses later runs (`ENOMEM`, counted in `Stats::enobufs`); a refused run waits
+/// for pages or goes by copy, as a train does, still one request: every buffer comes back
+/// without an error and every datagram arrives once, whole.
+#[test]
+#[ignore = "runs in its own process, started by uring_runs_under_a_locked_memory_limit"]
+fn uring_runs_memlock_child() {
+    const ROUNDS: u32 = 40;
+    const RUN: usize = 11;
+    if std::env::var(MEMLOCK_CHILD).is_err() {
+        return;
+    }
+    util::limit_locked_memory(64 * 1024);
+    let qdisc = || tbf("50mbit", "16kb", "8mb");
+    let got = over_veth(
+        1500,
+        libc::IPPROTO_UDP,
+        qdisc,
+        |sock| receive_all(&sock, Duration::from_secs(2)),
+        || {
+            let mut cfg = SenderConfig::new(EngineKind::UringZc);
+            cfg.uring.entries = 16;
+            let sock = connected_udp("192.0.2.2:9".parse().unwrap());
+            util::set_int_opt(
+                sock.as_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUFFORCE,
+                4 << 20,
+            );
+            let mut tx: Sender<Bytes> = Sender::with_config(sock, cfg).unwrap();
+            let mut out = Vec::new();
+            for round in 0..ROUNDS {
+                let mut b = contiguous_from(round * RUN as u32, &[1472; RUN]);
+                tx.send_batch(&mut b).unwrap();
+                tx.reap(&mut out).unwrap();
+            }
+            let (rest, stats) = util::finish(tx);
+            out.extend(rest);
+            assert_eq!(out.len(), ROUNDS as usize * RUN, "{stats:?}");
+            assert!(out.iter().all(|r| r.report.error.is_none()), "{stats:?}");
+            assert!(
+                stats.enobufs > 0,
+                "no ENOMEM under a 64 KiB limit: {stats:?}"
+            );
+            assert_eq!(stats.trains, u64::from(ROUNDS), "{stats:?}");
+            assert_eq!(stats.batch_train_buffers, u64::from(ROUNDS) * RUN as u64);
+            println!(
+                "uring_runs_memlock_child: enobufs={} fallbacks={} zerocopy={} requests={}",
+                stats.enobufs, stats.fallbacks, stats.zerocopy, stats.syscalls
+            );
+        },
+    );
+    if let Some(got) = got {
+        let mut seen = std::collections::HashSet::new();
+        for data in &got {
+            let n = u32::from_be_bytes(data[..4].try_into().unwrap());
+            assert!(*data == datagram(n, 1472), "datagram {n} changed");
+            assert!(seen.insert(n), "datagram {n} arrived twice");
+        }
+        assert_eq!(got.len(), ROUNDS as usize * RUN);
+    }
+    println!("uring_runs_memlock_child: ok");
 }

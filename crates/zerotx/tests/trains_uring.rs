@@ -14,39 +14,13 @@ use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use util::trains::{check_datagram, send_trains, train, SEG};
+use util::trains::{check_datagram, send_trains, train, uring_engines, uring_sender, SEG};
 use util::veth::{over_veth, receive_all, receiver, receiver_of, tbf, udp_of};
 use util::{connected_udp, require};
 use zerotx::{
     BufPool, CopyReason, EngineKind, PooledBuf, Released, SendError, SendPath, Sender,
     SenderConfig, Stats, UringConfig, UringShared,
 };
-
-/// The io_uring engines that send trains from plain buffers; `None`: io_uring is unavailable
-/// here (skipped, or failed under `ZEROTX_STRICT=1`).
-fn uring_engines() -> Option<[(&'static str, SenderConfig); 3]> {
-    let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
-    if let Err(e) = Sender::<Vec<u8>>::new(probe, EngineKind::UringZc) {
-        require(false, &format!("io_uring zero-copy unavailable: {e}"));
-        return None;
-    }
-    Some([
-        ("uring", SenderConfig::new(EngineKind::Uring)),
-        ("uring-zc", SenderConfig::new(EngineKind::UringZc)),
-        ("auto", SenderConfig::new(EngineKind::Auto)),
-    ])
-}
-
-/// A sender made by `cfg` on `sock`; `auto` must have chosen io_uring.
-fn uring_sender(sock: UdpSocket, cfg: SenderConfig, name: &str) -> Sender<Vec<u8>> {
-    let tx = Sender::with_config(sock, cfg).unwrap();
-    assert_eq!(
-        tx.explain().path,
-        "io_uring",
-        "{name}: the system calls in use"
-    );
-    tx
-}
 
 /// Sends trains `0..n` (each `count` datagrams of [`SEG`] bytes, the last `last`) from a
 /// registered pool through `uring-zc` on `sock`, overwriting each buffer the instant it comes

@@ -124,7 +124,7 @@ impl ZerotxDriver {
         let (kind, fixed) = kind(engine).context("not a zerotx engine")?;
         // A column measures one shape: its datagrams one call each, as the raw loops send them,
         // or (with `segment`) trains through `send_train`. `send_batch` would otherwise send a
-        // batch of equal-size datagrams as trains on the sendmsg engines.
+        // batch of equal-size datagrams as trains, on every engine (io_uring's too).
         let cfg = SenderConfig::new(kind).with_batch_trains(false);
         let uring = cfg.uring.with_batch(batch);
         let cfg = cfg.with_uring(uring);

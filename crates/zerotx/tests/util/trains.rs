@@ -1,10 +1,42 @@
 //! Trains of numbered datagrams (UDP GSO), the receiver's check of each, and a sender that
-//! overwrites each train the instant it comes back. Shared by tests/trains.rs and
-//! tests/trains_uring.rs; the receiver across a veth pair is `veth.rs`.
+//! overwrites each train the instant it comes back; the io_uring engines that send trains.
+//! Shared by tests/trains.rs, tests/trains_uring.rs and tests/trains_batch.rs; the receiver
+//! across a veth pair is `veth.rs`.
 
 use std::net::UdpSocket;
 
-use zerotx::{SendPath, Sender, SenderConfig};
+use zerotx::{EngineKind, SendPath, Sender, SenderConfig};
+
+/// The io_uring engines that send trains from plain buffers (`auto` as a default sender builds
+/// it); `None`: io_uring is unavailable here (skipped, or failed under `ZEROTX_STRICT=1`).
+pub fn uring_engines() -> Option<[(&'static str, SenderConfig); 3]> {
+    let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+    if let Err(e) = Sender::<Vec<u8>>::new(probe, EngineKind::UringZc) {
+        super::require(false, &format!("io_uring zero-copy unavailable: {e}"));
+        return None;
+    }
+    Some([
+        ("uring", SenderConfig::new(EngineKind::Uring)),
+        ("uring-zc", SenderConfig::new(EngineKind::UringZc)),
+        ("auto", SenderConfig::new(EngineKind::Auto)),
+    ])
+}
+
+/// Asserts that `tx` (made by the config named `name`) sends through io_uring: `auto` chose it.
+pub fn assert_uring<B: zerotx::SendBuf>(tx: &Sender<B>, name: &str) {
+    assert_eq!(
+        tx.explain().path,
+        "io_uring",
+        "{name}: the system calls in use"
+    );
+}
+
+/// A sender made by `cfg` on `sock`; `auto` must have chosen io_uring.
+pub fn uring_sender(sock: UdpSocket, cfg: SenderConfig, name: &str) -> Sender<Vec<u8>> {
+    let tx = Sender::with_config(sock, cfg).unwrap();
+    assert_uring(&tx, name);
+    tx
+}
 
 /// The datagram size of the trains below: a 1500-byte MTU less the IPv4 and UDP headers.
 pub const SEG: usize = 1472;

@@ -1,7 +1,7 @@
 //! [`UringDatagram`]: the io_uring engine on a datagram socket (UDP). Many requests in flight,
-//! one per buffer ([`Unordered`]); a failed datagram is that datagram's error alone. The socket
-//! is named by a registered file slot where the ring has one. The rest is the shared
-//! [`UringCore`].
+//! one per buffer ([`Unordered`]), or per run of equal-size datagrams of a batch (`runs.rs`); a
+//! failed request is its datagrams' error alone. The socket is named by a registered file slot
+//! where the ring has one. The rest is the shared [`UringCore`].
 
 use std::collections::VecDeque;
 
@@ -11,30 +11,34 @@ use super::core::{answered_by_uring_core, UringCore};
 use super::state::Unordered;
 use crate::buf::SendBuf;
 use crate::engine::policy::auto::AutoPolicy;
-use crate::engine::{send_each, Engine};
+use crate::engine::sendmsg_train::BatchRuns;
+use crate::engine::Engine;
 use crate::error::{Error, SendError};
 use crate::report::Released;
 use crate::socket::Socket;
 use crate::sys::uring::{UringConfig, UringShared};
 
-/// The io_uring engine on a datagram socket. Invariant: each buffer is one request, which nothing
-/// orders against the others.
+/// The io_uring engine on a datagram socket. Invariant: each buffer is one request, or one of a
+/// batch's run in one train request, which nothing orders against the others.
 pub(crate) struct UringDatagram<B> {
     core: UringCore<B, Unordered>,
 }
 
 impl<B: SendBuf> UringDatagram<B> {
-    /// The engine on the datagram socket `sock` (see [`UringCore::open`]).
+    /// The engine on the datagram socket `sock` (see [`UringCore::open`]); a batch's runs of
+    /// equal-size datagrams go as trains if `runs` and the socket and kernel allow
+    /// ([`BatchRuns::new`]).
     pub(crate) fn new(
         sock: &Socket,
         zc: bool,
         cfg: UringConfig,
         shared: Option<&UringShared>,
         auto: Option<AutoPolicy>,
+        runs: bool,
     ) -> Result<Self, Error> {
-        Ok(Self {
-            core: UringCore::open(sock, zc, cfg, shared, auto, Unordered)?,
-        })
+        let mut core = UringCore::open(sock, zc, cfg, shared, auto, Unordered)?;
+        core.st.trains.runs = BatchRuns::new(sock, runs);
+        Ok(Self { core })
     }
 }
 
@@ -49,14 +53,14 @@ impl<B: SendBuf> Engine<B> for UringDatagram<B> {
         self.core.try_send(buf, dest, out)
     }
 
-    /// One request per datagram: the buffers go one by one ([`try_send`](Engine::try_send)).
+    /// One request per datagram, or per run of equal-size datagrams (`runs.rs`).
     fn try_send_batch(
         &mut self,
-        _sock: &Socket,
+        sock: &Socket,
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        send_each(bufs, |buf| self.core.try_send(buf, None, out))
+        self.core.try_send_batch(sock, bufs, out)
     }
 
     /// One request per train: `SENDMSG_ZC` or `SENDMSG` with a `UDP_SEGMENT` control message

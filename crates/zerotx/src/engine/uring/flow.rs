@@ -11,7 +11,7 @@ use std::time::Instant;
 use socket2::SockAddr;
 
 use super::cqe::{self, OnBudget, Req, Then};
-use super::state::{Budget, Due, Next, Op, Order, Seat, Trains};
+use super::state::{op_for, Budget, Due, Next, Op, Order, Seat, Trains};
 use crate::buf::{BufPool, SendBuf};
 use crate::engine::clock::EpochClock;
 use crate::engine::policy;
@@ -20,7 +20,7 @@ use crate::engine::record::{LatencySampler, Record};
 use crate::report::{CopyReason, Released, Stats};
 use crate::sys;
 use crate::sys::uring::{
-    self as sysu, Cqe, Cut, Lent, Payload, Refused, Ring, SendKind, SendOp, UringConfig,
+    self as sysu, Cqe, Cut, Lent, Payload, Refused, Ring, SendKind, UringConfig,
 };
 
 /// Everything of an io_uring engine but its ring, in named records (`state.rs`), the socket's
@@ -65,24 +65,6 @@ pub(super) fn fixed_index<B: SendBuf>(region: Option<u64>, merge: bool, buf: &B)
     }
     let (r, _) = buf.registered()?;
     (Some(r) == region).then_some(0)
-}
-
-/// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished request's
-/// box, whose record was released) if there is one: the record is refilled in place, not built
-/// and moved in.
-pub(super) fn op_for<B: SendBuf>(
-    spare: Option<Box<Op<B>>>,
-    buf: B,
-    dest: Option<Box<SockAddr>>,
-    started: Option<Instant>,
-) -> Box<Op<B>> {
-    match spare {
-        Some(mut op) => {
-            op.payload_mut().refill(buf, dest, started);
-            op
-        }
-        None => SendOp::new(Record::new(buf, dest, started)),
-    }
 }
 
 impl<B, O> State<B, O> {
@@ -469,8 +451,14 @@ impl<B: SendBuf, O: Order> State<B, O> {
         let fixed = match (rec.cut(), rec.bufs.as_slice()) {
             (Cut::None, [one]) => fixed_index(region, self.order.merge(), one)
                 .map(|index| SendKind::Fixed { index, zc_flags }),
-            (Cut::Train(_), [one]) if sysu::sendmsg_zc_fixed() => {
-                fixed_index(region, false, one).map(|index| SendKind::FixedMsg { index, zc_flags })
+            // A train, or a batch's run whose every buffer lies in the region.
+            (Cut::Train(_), [first, ..]) if sysu::sendmsg_zc_fixed() => {
+                let all = rec
+                    .bufs
+                    .iter()
+                    .all(|b| fixed_index(region, false, b).is_some());
+                let index = fixed_index(region, false, first).filter(|_| all);
+                index.map(|index| SendKind::FixedMsg { index, zc_flags })
             }
             _ => None,
         };

@@ -2,7 +2,8 @@
 //!
 //! - `stream.rs`: [`UringStream`], the engine on a connection (`uring` and `uring-zc`, and
 //!   `auto`'s io_uring path): one request in flight, a byte stream's buffers merged into it.
-//! - `datagram.rs`: [`UringDatagram`], the engine on a datagram socket: a request per buffer.
+//! - `datagram.rs`: [`UringDatagram`], the engine on a datagram socket: a request per buffer,
+//!   or per run of a batch (`runs.rs`).
 //! - `core.rs`: what both keep and do alike (`UringCore`): the ring and the sender's seat, the
 //!   queue, forming and pushing requests, applying their CQEs, the budget, `auto`, leaving; the
 //!   socket's order is the engine type's (`Order`), chosen once by the factory.
@@ -12,6 +13,8 @@
 //! - `train.rs`: trains (UDP GSO) on a datagram socket: one request per train, the `UDP_SEGMENT`
 //!   control message in the request, the sendmsg family's decisions (`policy::train`); what a
 //!   train's last CQE means is `state.rs`'s `Trains`.
+//! - `runs.rs`: a batch's runs of equal-size datagrams on a datagram socket, one train request
+//!   per run (the sendmsg family's run rule, `BatchRuns`).
 //! - `ring_ref.rs`: the engine's handle on its ring, its own or a shared one
 //!   ([`UringShared`](crate::UringShared)); the ring's settings
 //!   ([`UringConfig`](crate::UringConfig)) and the ring with them are in [`crate::sys::uring`].
@@ -70,6 +73,7 @@ mod cqe;
 mod datagram;
 mod flow;
 mod ring_ref;
+mod runs;
 mod state;
 mod stream;
 mod train;

@@ -5,17 +5,38 @@
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+
+use socket2::SockAddr;
 
 use super::cqe::{Req, Then};
 use crate::buf::SendBuf;
 use crate::engine::policy::train::{self as trains, SplitPaths, TrainFailure};
 use crate::engine::record::Record;
-use crate::engine::sendmsg_train::{check_train, kernel_train_segments, split_train};
+use crate::engine::sendmsg_train::{check_train, kernel_train_segments, split_train, BatchRuns};
 use crate::report::Stats;
 use crate::sys::uring::SendOp;
 
 /// A request of this engine: a record and the engine's account of it.
 pub(super) type Op<B> = SendOp<Record<B>, Req>;
+
+/// A request for a new record of `buf` (see [`Record::new`]), in `spare` (a finished request's
+/// box, whose record was released) if there is one: the record is refilled in place, not built
+/// and moved in.
+pub(super) fn op_for<B: SendBuf>(
+    spare: Option<Box<Op<B>>>,
+    buf: B,
+    dest: Option<Box<SockAddr>>,
+    started: Option<Instant>,
+) -> Box<Op<B>> {
+    match spare {
+        Some(mut op) => {
+            op.payload_mut().refill(buf, dest, started);
+            op
+        }
+        None => SendOp::new(Record::new(buf, dest, started)),
+    }
+}
 
 /// A record due for its next request, in the box that request will use.
 pub(super) struct Next<B> {
@@ -278,20 +299,26 @@ impl<B> Budget<B> {
 }
 
 /// What the engine keeps for trains (UDP GSO, `train.rs`): the kernel's limits on this socket,
-/// and the paths that refused GSO (`EIO`), whose trains go one datagram per request. Invariant:
-/// a path enters `splits` once, and is counted once in `Stats::train_splits`.
-#[derive(Debug)]
+/// the paths that refused GSO (`EIO`), whose trains go one datagram per request, and whether a
+/// batch's runs go as trains (`runs.rs`). Invariant: a path enters `splits` once, and is counted
+/// once in `Stats::train_splits`; a train's record of several buffers is a batch's run (a
+/// caller's train is one buffer).
 pub(super) struct Trains {
     pub(super) splits: SplitPaths,
+    /// A batch's runs as trains: off unless the factory turned them on for a connected UDP
+    /// socket (`UringDatagram::new`).
+    pub(super) runs: BatchRuns,
     v6: bool,
     segments: u16,
 }
 
 impl Trains {
-    /// Trains on a socket of IPv6 (`v6`) or IPv4, under this kernel's segment limit.
+    /// Trains on a socket of IPv6 (`v6`) or IPv4, under this kernel's segment limit; a batch's
+    /// runs go one datagram per request.
     pub(super) fn new(v6: bool) -> Self {
         Self {
             splits: SplitPaths::default(),
+            runs: BatchRuns::off(),
             v6,
             segments: kernel_train_segments(),
         }
@@ -320,6 +347,12 @@ impl Trains {
         stats: &mut Stats,
     ) -> Then {
         let mut train = rec.train.expect("a train's record");
+        let run = rec.bufs.len() > 1;
+        if res >= 0 && run && !train.split {
+            // A batch's run went as one train (counted as the sendmsg family counts a run).
+            stats.trains += 1;
+            stats.batch_train_buffers += rec.bufs.len() as u64;
+        }
         if res >= 0 {
             rec.sent = if train.split {
                 (rec.sent + len).min(rec.total)
@@ -348,6 +381,17 @@ impl Trains {
                 } else {
                     split_train(stats, &mut self.splits, rec, &mut train);
                 }
+                rec.kernel_copied = true;
+                rec.auto_zc = false;
+                Then::Continue
+            }
+            TrainFailure::Fail(Some(_)) if run && !train.split && !closing => {
+                // A run refused as too large (a path MTU that dropped, more page fragments than
+                // one skb holds): its datagrams go one per request by copy, and the next run
+                // reads the path MTU again; the path is not remembered.
+                self.runs.forget_mtu();
+                train.split = true;
+                rec.train = Some(train);
                 rec.kernel_copied = true;
                 rec.auto_zc = false;
                 Then::Continue

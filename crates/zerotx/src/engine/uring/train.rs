@@ -31,8 +31,8 @@ use std::io;
 use socket2::SockAddr;
 
 use super::core::UringCore;
-use super::flow::{fixed_index, op_for, State};
-use super::state::{Order, Unordered};
+use super::flow::{fixed_index, State};
+use super::state::{op_for, Op, Order, Unordered};
 use crate::buf::SendBuf;
 use crate::engine::policy::auto::{Choice, Load};
 use crate::engine::policy::train::{self as trains, Train};
@@ -43,8 +43,8 @@ use crate::sys::uring::{self as sysu, Ring};
 /// How a train goes: zero-copy or by copy (for `copy`, when zerotx chose it), and whether
 /// `auto` chose zero-copy (`probe`: to probe a route that copied).
 #[derive(Debug, Clone, Copy)]
-struct How {
-    zc: bool,
+pub(super) struct How {
+    pub(super) zc: bool,
     probe: Option<bool>,
     copy: Option<CopyReason>,
 }
@@ -110,7 +110,7 @@ impl<B: SendBuf, O: Order> State<B, O> {
     /// [`AutoPolicy::choose`](crate::engine::policy::auto::AutoPolicy::choose) says for a send
     /// from `registered` memory or not (`None`: wait for pinned pages); otherwise as the engine
     /// sends.
-    fn train_how(&mut self, len: usize, split: bool, registered: bool) -> Option<How> {
+    pub(super) fn train_how(&mut self, len: usize, split: bool, registered: bool) -> Option<How> {
         let copy = |reason| How {
             zc: false,
             probe: None,
@@ -156,9 +156,22 @@ impl<B: SendBuf, O: Order> State<B, O> {
         let mut op = op_for(self.spare.pop(), buf, dest, self.latency.next());
         let rec = op.payload_mut();
         rec.train = Some(train);
-        rec.copy = how.copy;
         // A path that refused GSO: the kernel's copy, which tells `auto` nothing.
         rec.kernel_copied = train.split;
+        self.launch_train(ring, op, how)
+    }
+
+    /// Pushes the first request of `op`, a train's record (a caller's train, or a batch's run:
+    /// `runs.rs`), as `how` says (see [`State::launch`]). `false`: the SQ refused it, and it
+    /// waits in `to_push`.
+    pub(super) fn launch_train(
+        &mut self,
+        ring: &mut Ring,
+        mut op: Box<Op<B>>,
+        how: How,
+    ) -> io::Result<bool> {
+        let rec = op.payload_mut();
+        rec.copy = how.copy;
         if let Some(probe) = how.probe {
             rec.auto_zc = true;
             rec.probe = probe;
