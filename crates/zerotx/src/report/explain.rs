@@ -267,14 +267,14 @@ fn trains_line(stats: &Stats) -> Option<String> {
         let mut line = format!("{} trains of datagrams sent as UDP GSO", stats.trains);
         if stats.batch_train_buffers > 0 {
             line += &format!(
-                " ({} buffers of batches went in them: runs of one size, one call each)",
+                " ({} buffers of batches went in them: runs of one size, one system call or io_uring request each)",
                 stats.batch_train_buffers
             );
         }
         if stats.train_splits > 0 {
             line += &format!(
                 "; {} destination(s) refused a train as one GSO packet (EIO: the device or the \
-                 route cannot checksum it), so their trains go one datagram per call, by copy",
+                 route cannot checksum it), so their trains go one datagram per call or request, by copy",
                 stats.train_splits
             );
         }
