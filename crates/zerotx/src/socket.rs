@@ -28,7 +28,9 @@ pub(crate) struct Socket {
 /// back with the option at 0 ([`Sender::close`](crate::Sender::close)).
 ///
 /// Inert (trains carry their control message) on a socket that is not UDP, and on one whose
-/// option the caller had set: that value is the caller's, and stays.
+/// option the caller had set: that value is the caller's, and stays. A descriptor the caller
+/// kept (or another sender over a duplicate) sees the option while trains go: its own sends are
+/// cut by it meanwhile, which zerotx cannot see.
 #[derive(Debug)]
 pub(crate) struct SegmentOption {
     /// The option's value as this sender set it (0..=65535), [`UNASKED`] before the first train,
