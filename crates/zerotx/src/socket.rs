@@ -22,7 +22,9 @@ pub(crate) struct Socket {
 /// socket option"). A train goes as a plain `send(2)` once the option holds its segment size:
 /// a `sendmsg(2)` with the `UDP_SEGMENT` control message costs the kernel three copies from user
 /// memory per call (the header, the iovec, the control data), which a train of one size needs
-/// only once. Every other send on the socket finds the option back at 0 first
+/// only once. The option is set after [`STREAK`] trains of one size in a row, so a sender that
+/// mixes trains with other sends does not pay two `setsockopt` calls per switch, which cost more
+/// than the control message. Every other send on the socket finds the option back at 0 first
 /// ([`plain`](Self::plain)): under it a datagram longer than the segment would be cut into
 /// several, and one on a path that refuses GSO would fail with `EIO`. The caller gets the socket
 /// back with the option at 0 ([`Sender::close`](crate::Sender::close)).
@@ -36,7 +38,13 @@ pub(crate) struct SegmentOption {
     /// The option's value as this sender set it (0..=65535), [`UNASKED`] before the first train,
     /// or [`INERT`].
     held: AtomicU32,
+    /// The trains in a row that went with the control message: their segment size shifted left
+    /// by 8, and their count in the low 8 bits; 0 once the option went back to 0.
+    streak: AtomicU32,
 }
+
+/// Trains of one size in a row, with the control message, before the option is set for them.
+pub(crate) const STREAK: u32 = 8;
 
 /// The option was not read yet: no train went.
 const UNASKED: u32 = 1 << 16;
@@ -50,19 +58,34 @@ impl SegmentOption {
             && kind.protocol == libc::IPPROTO_UDP;
         Self {
             held: AtomicU32::new(if udp { UNASKED } else { INERT }),
+            streak: AtomicU32::new(0),
         }
     }
 
     /// Whether a train of `segment`-byte datagrams may go on `fd` as a plain send: the option
-    /// holds `segment` (set now if it held another size). The first train reads the option
-    /// first: one the caller set leaves this inert.
+    /// holds `segment`, or is set to it now, at the [`STREAK`]th train of that size in a row
+    /// (the first time after reading it: an option the caller set leaves this inert).
     #[inline]
     pub(crate) fn train(&self, fd: BorrowedFd<'_>, segment: u16) -> bool {
         let held = self.held.load(Ordering::Relaxed);
         if held == u32::from(segment) {
             return segment > 0;
         }
-        held != INERT && self.set(fd, held, segment)
+        if held == INERT {
+            return false;
+        }
+        let streak = self.streak.load(Ordering::Relaxed);
+        let count = if streak >> 8 == u32::from(segment) {
+            (streak & 0xff) + 1
+        } else {
+            1
+        };
+        if count < STREAK {
+            let streak = (u32::from(segment) << 8) | count;
+            self.streak.store(streak, Ordering::Relaxed);
+            return false;
+        }
+        self.set(fd, held, segment)
     }
 
     #[cold]
@@ -71,9 +94,9 @@ impl SegmentOption {
         let ours = held != UNASKED || sys::train::segment_option(fd).is_ok_and(|v| v == 0);
         let set = ours && segment > 0 && sys::train::set_segment_option(fd, segment).is_ok();
         let now = if set { u32::from(segment) } else { INERT };
-        // A failed set leaves the option as it was: still 0, or still `held`, which the next
-        // plain send clears.
-        if set || held == UNASKED {
+        // A failed set leaves the option as it was: still 0 (then trains keep their control
+        // message), or still `held`, which the next plain send clears.
+        if set || held == UNASKED || held == 0 {
             self.held.store(now, Ordering::Relaxed);
         }
         set
@@ -96,6 +119,7 @@ impl SegmentOption {
     fn clear(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
         sys::train::set_segment_option(fd, 0)?;
         self.held.store(0, Ordering::Relaxed);
+        self.streak.store(0, Ordering::Relaxed);
         Ok(())
     }
 }
