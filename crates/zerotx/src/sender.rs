@@ -342,7 +342,11 @@ impl<B: SendBuf> Sender<B> {
     /// datagram per call, by copy ([`Stats::train_splits`]), no datagram lost or sent twice. A
     /// train to a local socket is copied by the kernel, as any datagram.
     ///
-    /// Every engine sends trains on a UDP socket: `copy` and `msg-zc` by `sendmsg(2)`, `uring`
+    /// Every engine sends trains on a UDP socket: `copy` and `msg-zc` by `sendmsg(2)` (by a plain
+    /// `send(2)` once the socket's `UDP_SEGMENT` option holds the segment size: zerotx sets it
+    /// while trains of one size go, puts it back to 0 before any other send and at
+    /// [`close`](Self::close), and leaves an option the caller had set alone; a descriptor the
+    /// caller kept sees it meanwhile), `uring`
     /// and `uring-zc` as one `IORING_OP_SENDMSG` or `IORING_OP_SENDMSG_ZC` request per train,
     /// and `auto` choosing between zero-copy and copy per train on either family. On io_uring the
     /// kernel answers after the call: a train it refuses (the path MTU, a netfilter or qdisc

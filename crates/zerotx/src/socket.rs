@@ -1,6 +1,8 @@
 //! The socket a sender owns: its kind, checked once at construction.
 
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::{Error, Feature};
 pub(crate) use crate::kind::{Family, SockKind, SockType};
@@ -12,6 +14,114 @@ pub(crate) struct Socket {
     fd: OwnedFd,
     pub(crate) kind: SockKind,
     pub(crate) connected: bool,
+    /// The `UDP_SEGMENT` option as the sendmsg engines' trains set it.
+    pub(crate) segment: SegmentOption,
+}
+
+/// A UDP socket's `UDP_SEGMENT` option as this sender set it (docs/fast-path.md, "Trains by the
+/// socket option"). A train goes as a plain `send(2)` once the option holds its segment size:
+/// a `sendmsg(2)` with the `UDP_SEGMENT` control message costs the kernel three copies from user
+/// memory per call (the header, the iovec, the control data), which a train of one size needs
+/// only once. The option is set after [`STREAK`] trains of one size in a row, so a sender that
+/// mixes trains with other sends does not pay two `setsockopt` calls per switch, which cost more
+/// than the control message. Every other send on the socket finds the option back at 0 first
+/// ([`plain`](Self::plain)): under it a datagram longer than the segment would be cut into
+/// several, and one on a path that refuses GSO would fail with `EIO`. The caller gets the socket
+/// back with the option at 0 ([`Sender::close`](crate::Sender::close)).
+///
+/// Inert (trains carry their control message) on a socket that is not UDP, and on one whose
+/// option the caller had set: that value is the caller's, and stays. A descriptor the caller
+/// kept (or another sender over a duplicate) sees the option while trains go: its own sends are
+/// cut by it meanwhile, which zerotx cannot see.
+#[derive(Debug)]
+pub(crate) struct SegmentOption {
+    /// The option's value as this sender set it (0..=65535), [`UNASKED`] before the first train,
+    /// or [`INERT`].
+    held: AtomicU32,
+    /// The trains in a row that went with the control message: their segment size shifted left
+    /// by 8, and their count in the low 8 bits; 0 once the option went back to 0.
+    streak: AtomicU32,
+}
+
+/// Trains of one size in a row, with the control message, before the option is set for them.
+pub(crate) const STREAK: u32 = 8;
+
+/// The option was not read yet: no train went.
+const UNASKED: u32 = 1 << 16;
+/// The option is the caller's, or cannot be set: trains carry their control message.
+const INERT: u32 = UNASKED + 1;
+
+impl SegmentOption {
+    fn for_kind(kind: SockKind) -> Self {
+        let udp = matches!(kind.family, Family::Inet4 | Family::Inet6)
+            && kind.ty == SockType::Dgram
+            && kind.protocol == libc::IPPROTO_UDP;
+        Self {
+            held: AtomicU32::new(if udp { UNASKED } else { INERT }),
+            streak: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether a train of `segment`-byte datagrams may go on `fd` as a plain send: the option
+    /// holds `segment`, or is set to it now, at the [`STREAK`]th train of that size in a row
+    /// (the first time after reading it: an option the caller set leaves this inert).
+    #[inline]
+    pub(crate) fn train(&self, fd: BorrowedFd<'_>, segment: u16) -> bool {
+        let held = self.held.load(Ordering::Relaxed);
+        if held == u32::from(segment) {
+            return segment > 0;
+        }
+        if held == INERT {
+            return false;
+        }
+        let streak = self.streak.load(Ordering::Relaxed);
+        let count = if streak >> 8 == u32::from(segment) {
+            (streak & 0xff) + 1
+        } else {
+            1
+        };
+        if count < STREAK {
+            let streak = (u32::from(segment) << 8) | count;
+            self.streak.store(streak, Ordering::Relaxed);
+            return false;
+        }
+        self.set(fd, held, segment)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn set(&self, fd: BorrowedFd<'_>, held: u32, segment: u16) -> bool {
+        let ours = held != UNASKED || sys::train::segment_option(fd).is_ok_and(|v| v == 0);
+        let set = ours && segment > 0 && sys::train::set_segment_option(fd, segment).is_ok();
+        let now = if set { u32::from(segment) } else { INERT };
+        // A failed set leaves the option as it was: still 0 (then trains keep their control
+        // message), or still `held`, which the next plain send clears.
+        if set || held == UNASKED || held == 0 {
+            self.held.store(now, Ordering::Relaxed);
+        }
+        set
+    }
+
+    /// Before any send that is not a train by [`train`](Self::train): the option back at 0. Fails
+    /// only if the kernel refused that, and then nothing may be sent on the socket as a plain
+    /// datagram.
+    #[inline]
+    pub(crate) fn plain(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        let held = self.held.load(Ordering::Relaxed);
+        if held == 0 || held >= UNASKED {
+            return Ok(());
+        }
+        self.clear(fd)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn clear(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        sys::train::set_segment_option(fd, 0)?;
+        self.held.store(0, Ordering::Relaxed);
+        self.streak.store(0, Ordering::Relaxed);
+        Ok(())
+    }
 }
 
 /// Checks that the `AF_PACKET` socket `fd` can send without a destination, which is how zerotx
@@ -101,6 +211,7 @@ impl Socket {
             fd,
             kind,
             connected,
+            segment: SegmentOption::for_kind(kind),
         })
     }
 

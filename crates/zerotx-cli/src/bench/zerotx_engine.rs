@@ -96,7 +96,8 @@ pub struct ZerotxDriver {
     /// Buffers taken from the front of `free` and not yet handed to the sender: at most
     /// `per_batch`. They move to `batch` together, right before the call.
     queued: usize,
-    /// The buffers of the `send_batch` call (empty between calls).
+    /// The buffers of the `send_batch` call (empty between calls; trains go straight from
+    /// `free`).
     batch: VecDeque<PooledBuf>,
     /// Buffers per `send_batch` call.
     per_batch: usize,
@@ -160,26 +161,28 @@ impl ZerotxDriver {
     #[inline(always)]
     fn send_batch(&mut self) -> anyhow::Result<()> {
         if self.queued > 0 {
-            for _ in 0..std::mem::take(&mut self.queued) {
+            let queued = std::mem::take(&mut self.queued);
+            if let Some(segment) = self.segment {
+                return self.send_trains(segment, queued);
+            }
+            for _ in 0..queued {
                 let buf = self.free.pop_front().expect("queued from the free buffers");
                 self.batch.push_back(buf);
             }
-            match self.segment {
-                None => self
-                    .tx
-                    .send_batch(&mut self.batch)
-                    .map_err(std::io::Error::from)?,
-                Some(segment) => self.send_trains(segment)?,
-            }
+            self.tx
+                .send_batch(&mut self.batch)
+                .map_err(std::io::Error::from)?;
         }
         Ok(())
     }
 
-    /// Sends the batch's buffers as trains, one [`Sender::send_train`] each. A refusal
-    /// ([`SendError::Invalid`]: this engine sends no trains) fails the run with the library's
-    /// reason, which the table shows as the cell's error (its figures n/a).
-    fn send_trains(&mut self, segment: u16) -> anyhow::Result<()> {
-        while let Some(buf) = self.batch.pop_front() {
+    /// Sends the first `queued` free buffers as trains, one [`Sender::send_train`] each, taken
+    /// straight from the free list (as the raw train loop takes the next buffer of its ring). A
+    /// refusal ([`SendError::Invalid`]: this engine sends no trains) fails the run with the
+    /// library's reason, which the table shows as the cell's error (its figures n/a).
+    fn send_trains(&mut self, segment: u16, queued: usize) -> anyhow::Result<()> {
+        for _ in 0..queued {
+            let buf = self.free.pop_front().expect("queued from the free buffers");
             let Err(e) = self.tx.send_train(buf, segment) else {
                 continue;
             };
@@ -188,9 +191,9 @@ impl ZerotxDriver {
                 SendError::Io { error, .. } => format!("a train failed: {error}"),
                 _ => "a blocking train came back unsent".into(),
             };
-            // Nothing is lost: the buffer and the rest of the batch go back to the free list.
+            // Nothing is lost: the buffer goes back to the front of the free list, where the
+            // rest of the batch still is.
             self.free.push_front(e.into_inner());
-            self.free.extend(self.batch.drain(..));
             bail!("the engine {why}");
         }
         Ok(())

@@ -277,6 +277,9 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
+        if let Err(error) = sock.segment.plain(sock.fd()) {
+            return Err(SendError::Io { buf, error });
+        }
         sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
@@ -286,6 +289,11 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
+        if let Err(error) = sock.segment.plain(sock.fd()) {
+            return bufs
+                .pop_front()
+                .map_or(Ok(0), |buf| Err(SendError::Io { buf, error }));
+        }
         sys::fenced!(self.send_batch_now(sock, bufs, out))
     }
 

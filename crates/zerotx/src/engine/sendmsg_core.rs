@@ -651,6 +651,9 @@ macro_rules! answered_by_core {
 
         fn give_back(&mut self, sock: &$crate::socket::Socket) {
             self.core.frag.give_back(sock.fd());
+            // The caller's socket sends plain datagrams again (if the kernel refuses, it keeps
+            // cutting them: nothing else can be done here).
+            let _ = sock.segment.plain(sock.fd());
         }
     };
 }

@@ -40,7 +40,12 @@ pub(crate) fn send_train_copied<B: SendBuf>(
             stats.syscalls += 1;
             let bytes = rec.bufs[0].as_bytes();
             let dest = rec.dest.as_deref();
-            match sys::train::send_train(sock.fd(), bytes, train.segment, dest, 0) {
+            let sent = if sock.segment.train(sock.fd(), train.segment) {
+                sys::send_to(sock.fd(), bytes, dest, 0)
+            } else {
+                sys::train::send_train(sock.fd(), bytes, train.segment, dest, 0)
+            };
+            match sent {
                 Ok(n) => {
                     stats.bytes += n as u64;
                     rec.sent = rec.total;
@@ -54,6 +59,9 @@ pub(crate) fn send_train_copied<B: SendBuf>(
             }
         }
         let segment = usize::from(train.segment);
+        if let Err(e) = sock.segment.plain(sock.fd()) {
+            break 'sent Err(e);
+        }
         while rec.left() > 0 {
             let rest = &rec.bufs[0].as_bytes()[rec.sent..];
             let len = rest.len().min(segment);

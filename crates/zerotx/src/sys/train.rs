@@ -109,6 +109,19 @@ pub(crate) fn gso_available(fd: BorrowedFd<'_>) -> bool {
     super::getsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT).is_ok()
 }
 
+/// The socket's `UDP_SEGMENT` option (`getsockopt(SOL_UDP, UDP_SEGMENT)`): the segment size
+/// every send on it is cut into, 0 for none.
+pub(crate) fn segment_option(fd: BorrowedFd<'_>) -> io::Result<u16> {
+    let v = super::getsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT)?;
+    u16::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Sets the socket's `UDP_SEGMENT` option to `segment` (`setsockopt(SOL_UDP, UDP_SEGMENT)`; 0:
+/// sends are not cut).
+pub(crate) fn set_segment_option(fd: BorrowedFd<'_>, segment: u16) -> io::Result<()> {
+    super::setsockopt_int(fd, libc::SOL_UDP, UDP_SEGMENT, i32::from(segment))
+}
+
 /// `sendmsg(2)` by the `syscall` instruction in the caller's frame; returns the kernel's answer
 /// (`-errno` on failure). rustix enters `sendto` so, but has no `UDP_SEGMENT` control message,
 /// and glibc's wrapper would return into the caller's frame after the call, the return the

@@ -354,14 +354,12 @@ fn write_train<B: SendBuf>(
             return Ok(if all { Wait::Nothing } else { Wait::Writable });
         }
         core.stats.syscalls += 1;
-        let bytes = rec.bufs[0].as_bytes();
-        let sent = sys::train::send_train(
-            sock.fd(),
-            bytes,
-            train.segment,
-            rec.dest.as_deref(),
-            sys::MSG_ZEROCOPY,
-        );
+        let (bytes, dest) = (rec.bufs[0].as_bytes(), rec.dest.as_deref());
+        let sent = if sock.segment.train(sock.fd(), train.segment) {
+            sys::send_to(sock.fd(), bytes, dest, sys::MSG_ZEROCOPY)
+        } else {
+            sys::train::send_train(sock.fd(), bytes, train.segment, dest, sys::MSG_ZEROCOPY)
+        };
         let error = match sent {
             Ok(n) => {
                 core.ledger.record_id(slot);
@@ -432,6 +430,9 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
+        if let Err(error) = sock.segment.plain(sock.fd()) {
+            return Err(SendError::Io { buf, error });
+        }
         sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
@@ -441,6 +442,11 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
+        if let Err(error) = sock.segment.plain(sock.fd()) {
+            return bufs
+                .pop_front()
+                .map_or(Ok(0), |buf| Err(SendError::Io { buf, error }));
+        }
         sys::fenced!(
             if self.core.settle.auto.is_none() && self.core.head.is_none() {
                 self.send_plain(sock, bufs, out)
