@@ -10,7 +10,6 @@ mod util;
 
 use std::collections::VecDeque;
 use std::net::UdpSocket;
-use std::os::fd::AsFd;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -419,15 +418,7 @@ fn qdisc_drops_with_recverr_lose_no_buffer_and_repeat_no_datagram() {
             qdisc,
             |sock| receive_all(&sock, Duration::from_secs(2)),
             || {
-                let sock = connected_udp("192.0.2.2:9".parse().unwrap());
-                util::set_recverr(sock.as_fd(), false);
-                // A send buffer larger than the qdisc's queue, so the queue overflows.
-                util::set_int_opt(
-                    sock.as_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUFFORCE,
-                    4 << 20,
-                );
+                let sock = util::deep_udp("192.0.2.2:9".parse().unwrap(), true);
                 let mut tx = Sender::with_config(sock, cfg).unwrap();
                 let (mut out, mut refused, mut back) = (Vec::new(), 0, 0);
                 for round in 0..ROUNDS {
@@ -728,13 +719,7 @@ fn uring_every_datagram_of_a_batch_arrives_as_sent() {
                 || true,
                 |sock| receive_all(&sock, Duration::from_secs(1)),
                 || {
-                    let sock = connected_udp("192.0.2.2:9".parse().unwrap());
-                    util::set_int_opt(
-                        sock.as_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_SNDBUFFORCE,
-                        4 << 20,
-                    );
+                    let sock = util::deep_udp("192.0.2.2:9".parse().unwrap(), false);
                     let stats = send_uring_batches(sock, (name, cfg, pooled), &sizes, ROUNDS);
                     assert_eq!(stats.sends, n, "{name}: {stats:?}");
                     if !trains {
@@ -911,15 +896,7 @@ fn uring_qdisc_drops_with_recverr_lose_no_buffer_and_repeat_no_datagram() {
             qdisc,
             |sock| receive_all(&sock, Duration::from_secs(2)),
             || {
-                let sock = connected_udp("192.0.2.2:9".parse().unwrap());
-                util::set_recverr(sock.as_fd(), false);
-                // A send buffer larger than the qdisc's queue, so the queue overflows.
-                util::set_int_opt(
-                    sock.as_fd(),
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDBUFFORCE,
-                    4 << 20,
-                );
+                let sock = util::deep_udp("192.0.2.2:9".parse().unwrap(), true);
                 let mut tx = Sender::with_config(sock, cfg).unwrap();
                 assert_uring(&tx, name);
                 let mut failed = failed.lock().unwrap();
@@ -1098,13 +1075,7 @@ fn uring_runs_memlock_child() {
         || {
             let mut cfg = SenderConfig::new(EngineKind::UringZc);
             cfg.uring.entries = 16;
-            let sock = connected_udp("192.0.2.2:9".parse().unwrap());
-            util::set_int_opt(
-                sock.as_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDBUFFORCE,
-                4 << 20,
-            );
+            let sock = util::deep_udp("192.0.2.2:9".parse().unwrap(), false);
             let mut tx: Sender<Bytes> = Sender::with_config(sock, cfg).unwrap();
             let mut out = Vec::new();
             for round in 0..ROUNDS {

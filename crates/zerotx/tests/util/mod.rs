@@ -89,6 +89,25 @@ pub fn connected_udp(dest: std::net::SocketAddr) -> std::net::UdpSocket {
     sock
 }
 
+/// [`connected_udp`] with a send buffer of 4 MiB (forced past `wmem_max`, as root), deeper than
+/// any test qdisc's queue, so the queue overflows before the socket fills; and `IP_RECVERR` when
+/// `recverr` (IPv4), so a qdisc's drop answers the send with `ENOBUFS`.
+#[allow(dead_code)]
+pub fn deep_udp(dest: std::net::SocketAddr, recverr: bool) -> std::net::UdpSocket {
+    use std::os::fd::AsFd;
+    let sock = connected_udp(dest);
+    if recverr {
+        set_recverr(sock.as_fd(), false);
+    }
+    set_int_opt(
+        sock.as_fd(),
+        libc::SOL_SOCKET,
+        libc::SO_SNDBUFFORCE,
+        4 << 20,
+    );
+    sock
+}
+
 /// Sends `total` bytes of the stream pattern from pooled buffers, overwriting each buffer the
 /// moment it comes back. With `register`, the pool is registered with the sender first.
 pub fn pooled_stream(
