@@ -820,6 +820,11 @@ impl<B: SendBuf> Drop for Sender<B> {
             let engine = &*self.engine;
             self.watch.closed(|| stats_of(engine), &self.ready, 0);
         }
+        // A descriptor the caller kept gets the socket's options back as `close` leaves them
+        // (the `UDP_SEGMENT` option at 0, the path-MTU modes the caller had).
+        if let Some(sock) = &self.sock {
+            self.engine.give_back(sock);
+        }
     }
 }
 

@@ -109,6 +109,10 @@ impl SegmentOption {
     pub(crate) fn plain(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
         let held = self.held.load(Ordering::Relaxed);
         if held == 0 || held >= UNASKED {
+            // Any other send ends a streak of trains.
+            if self.streak.load(Ordering::Relaxed) != 0 {
+                self.streak.store(0, Ordering::Relaxed);
+            }
             return Ok(());
         }
         self.clear(fd)

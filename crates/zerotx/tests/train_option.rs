@@ -156,3 +156,92 @@ fn an_option_the_caller_set_stays() {
     })
     .unwrap();
 }
+
+/// Every way a plain datagram leaves right after the option was set finds it back at 0: a batch
+/// of datagrams longer than the segment (the batch's own entry, not a lone send before it), and
+/// a lone send to a destination on an unconnected socket; each arrives whole.
+#[test]
+fn a_batch_or_a_send_to_right_after_trains_arrives_whole() {
+    require!(util::is_root(), "needs root for a network namespace");
+    zerotx_testbed::in_new_netns(|| {
+        for (name, cfg) in engines() {
+            let rx = receiver("127.0.0.1:0");
+            let (mut tx, probe) = sender_to(&rx, cfg.clone());
+            for t in 0..STREAK {
+                tx.send_train(train(t, 1000, 2, 1000), 1000).unwrap();
+            }
+            assert_eq!(segment_option(probe.as_fd()), 1000, "{name}: set");
+            // Sizes that make no run, so each goes as a plain datagram.
+            let mut batch = vec![vec![2u8; 1800], vec![3u8; 2500], vec![4u8; 2600]].into();
+            tx.send_batch(&mut batch).unwrap();
+            util::finish(tx);
+            let want = [&[1000; 2 * STREAK as usize][..], &[1800, 2500, 2600]].concat();
+            assert_eq!(lengths(&rx), want, "{name}: a batch after trains");
+
+            let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let probe = sock.try_clone().unwrap();
+            let dest = rx.local_addr().unwrap();
+            let mut tx = Sender::with_config(sock, cfg).unwrap();
+            for t in 0..STREAK {
+                tx.send_train_to(train(t, 1000, 2, 1000), 1000, dest)
+                    .unwrap();
+            }
+            assert_eq!(
+                segment_option(probe.as_fd()),
+                1000,
+                "{name}: set, unconnected"
+            );
+            tx.send_to(vec![5u8; 2500], dest).unwrap();
+            util::finish(tx);
+            let want = [&[1000; 2 * STREAK as usize][..], &[2500]].concat();
+            assert_eq!(lengths(&rx), want, "{name}: a send_to after trains");
+        }
+    })
+    .unwrap();
+}
+
+/// A sender dropped without `close` gives the socket back as `close` does: a descriptor the
+/// caller kept sends whole datagrams again.
+#[test]
+fn a_dropped_sender_gives_the_option_back() {
+    require!(util::is_root(), "needs root for a network namespace");
+    zerotx_testbed::in_new_netns(|| {
+        for (name, cfg) in engines() {
+            let rx = receiver("127.0.0.1:0");
+            let (mut tx, probe) = sender_to(&rx, cfg);
+            for t in 0..STREAK {
+                tx.send_train(train(t, 1000, 2, 1000), 1000).unwrap();
+            }
+            assert_eq!(segment_option(probe.as_fd()), 1000, "{name}: set");
+            drop(tx);
+            assert_eq!(segment_option(probe.as_fd()), 0, "{name}: after drop");
+            probe.send(&[6u8; 2500]).unwrap();
+            let want = [&[1000; 2 * STREAK as usize][..], &[2500]].concat();
+            assert_eq!(lengths(&rx), want, "{name}: the kept descriptor's datagram");
+        }
+    })
+    .unwrap();
+}
+
+/// Trains alternating with other sends never make a streak: the option is never set, so the
+/// sender pays no `setsockopt` pair per switch.
+#[test]
+fn sends_between_trains_end_the_streak() {
+    require!(util::is_root(), "needs root for a network namespace");
+    zerotx_testbed::in_new_netns(|| {
+        for (name, cfg) in engines() {
+            let rx = receiver("127.0.0.1:0");
+            let (mut tx, probe) = sender_to(&rx, cfg);
+            let mut options = Vec::new();
+            for t in 0..2 * STREAK {
+                tx.send_train(train(t, 1000, 2, 1000), 1000).unwrap();
+                options.push(segment_option(probe.as_fd()));
+                tx.send(vec![7u8; 300]).unwrap();
+            }
+            util::finish(tx);
+            assert!(options.iter().all(|&o| o == 0), "{name}: {options:?}");
+            assert_eq!(lengths(&rx).len(), 2 * STREAK as usize * 3, "{name}");
+        }
+    })
+    .unwrap();
+}
