@@ -550,8 +550,9 @@ impl<B: SendBuf, O: Order> State<B, O> {
     fn on_last(&mut self, mut op: Box<Op<B>>, out: &mut Vec<Released<B>>) {
         let req = op.meta;
         if self.budget.unpin(req.pinned) && !self.closing {
-            // Pinned pages came back: retry what the budget refused.
-            self.due.to_push.extend(self.budget.drain());
+            // Pinned pages came back: retry what the budget refused, as far as they make room.
+            let charge = |next: &Next<B>| sysu::pin_charge(next.op.payload().left());
+            self.due.to_push.extend(self.budget.wake(charge));
         }
         let (res, then) = cqe::at_last(req.first, self.closing);
         let rec = op.payload_mut();

@@ -291,11 +291,47 @@ impl<B> Budget<B> {
         self.deferred.push(next);
     }
 
-    /// Every record waiting for pinned pages: to push again after pages came back, or to give
-    /// back at shutdown.
+    /// Every record waiting for pinned pages, to give back at shutdown.
     pub(super) fn drain(&mut self) -> std::vec::Drain<'_, Next<B>> {
         self.deferred.drain(..)
     }
+
+    /// The records waiting for pinned pages that go again now that pages came back, in the
+    /// order the budget refused them: those whose charges (`charge`, what io_uring would pin for
+    /// one) fit what the limit leaves beside the pages still pinned; every one once nothing of
+    /// this sender stays pinned (no later completion would wake the rest), or where no limit is
+    /// known. Pushing every waiting record at each completion would have the kernel refuse most
+    /// of them again (`ENOMEM`), a request and a CQE each.
+    pub(super) fn wake(
+        &mut self,
+        charge: impl Fn(&Next<B>) -> usize,
+    ) -> std::vec::Drain<'_, Next<B>> {
+        let charges = self.deferred.iter().map(charge);
+        let n = woken(self.pin_limit, self.pinned, self.pinning, charges);
+        self.deferred.drain(..n)
+    }
+}
+
+/// How many records waiting for pinned pages go again ([`Budget::wake`]): of their `charges`, in
+/// order, those that fit `limit` beside the `pinned` bytes of `pinning` requests; all of them once
+/// none pins, or with no limit.
+fn woken(
+    limit: Option<usize>,
+    pinned: usize,
+    pinning: usize,
+    charges: impl Iterator<Item = usize>,
+) -> usize {
+    let Some(limit) = limit.filter(|_| pinning > 0) else {
+        return charges.count();
+    };
+    let mut room = limit.saturating_sub(pinned);
+    charges
+        .take_while(|&c| {
+            let fits = c <= room;
+            room = room.saturating_sub(c);
+            fits
+        })
+        .count()
 }
 
 /// What the engine keeps for trains (UDP GSO, `train.rs`): the kernel's limits on this socket,
@@ -400,6 +436,36 @@ impl Trains {
                 rec.error = Some(io::Error::from_raw_os_error(errno));
                 Then::Fail(errno)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::woken;
+
+    /// After pages came back, the records waiting for them go again only as far as they fit the
+    /// limit beside what stays pinned, in order; all of them once nothing stays pinned (no later
+    /// completion would wake them) or with no limit.
+    #[test]
+    fn records_wake_as_far_as_the_limit_has_room() {
+        let charges = [20, 20, 20, 4];
+        let table = [
+            // (limit, pinned, pinning) -> woken
+            ((Some(64), 20, 1), 2),
+            ((Some(64), 0, 1), 4),
+            ((Some(60), 0, 1), 3),
+            ((Some(64), 60, 2), 0),
+            ((Some(64), 44, 1), 1),
+            ((Some(64), 60, 0), 4),
+            ((None, 1000, 9), 4),
+        ];
+        for ((limit, pinned, pinning), want) in table {
+            let got = woken(limit, pinned, pinning, charges.into_iter());
+            assert_eq!(
+                got, want,
+                "limit {limit:?} pinned {pinned} pinning {pinning}"
+            );
         }
     }
 }
