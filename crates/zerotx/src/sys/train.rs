@@ -182,9 +182,13 @@ pub(crate) fn probe_segments(segments: u16) -> (io::Result<usize>, Option<usize>
         (Ok(rx), Ok(tx)) => (rx, tx),
         (Err(e), _) | (_, Err(e)) => return (Err(e), None),
     };
-    let dest = match rx.local_addr() {
-        Ok(a) => SockAddr::from(a),
-        Err(e) => return (Err(e), None),
+    // The receiver takes only the probe's datagrams: another local sender's cannot answer it.
+    let dest = match (rx.local_addr(), tx.local_addr()) {
+        (Ok(to), Ok(from)) => match rx.connect(from) {
+            Ok(()) => SockAddr::from(to),
+            Err(e) => return (Err(e), None),
+        },
+        (Err(e), _) | (_, Err(e)) => return (Err(e), None),
     };
     let train = vec![0u8; usize::from(segments)];
     let sent = send_train(tx.as_fd(), &train, 1, Some(&dest), 0);
