@@ -25,7 +25,7 @@ use crate::engine::policy::sendmsg::{self as rules, CopyBatch};
 use crate::engine::record::Record;
 use crate::engine::sendmsg_core::{answered_by_core, SendmsgCore, Wait};
 use crate::engine::sendmsg_runs::{send_run, RunMode, RunSent};
-use crate::engine::sendmsg_train::BatchRuns;
+use crate::engine::sendmsg_train::{plain_batch, plain_send, BatchRuns};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::report::{Readiness, Released};
@@ -277,9 +277,7 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        if let Err(error) = sock.segment.plain(sock.fd()) {
-            return Err(SendError::Io { buf, error });
-        }
+        let buf = plain_send(sock, buf)?;
         sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
@@ -289,11 +287,7 @@ impl<B: SendBuf> Engine<B> for CopyEngine<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        if let Err(error) = sock.segment.plain(sock.fd()) {
-            return bufs
-                .pop_front()
-                .map_or(Ok(0), |buf| Err(SendError::Io { buf, error }));
-        }
+        plain_batch(sock, bufs)?;
         sys::fenced!(self.send_batch_now(sock, bufs, out))
     }
 

@@ -7,6 +7,7 @@
 //! [`BatchRuns`]: whether a batch's runs of equal-size datagrams go as trains on a socket, and
 //! within what (they are sent by `sendmsg_runs.rs`).
 
+use std::collections::VecDeque;
 use std::io;
 use std::sync::OnceLock;
 
@@ -14,6 +15,7 @@ use crate::buf::SendBuf;
 use crate::engine::policy::train::{self as trains, RunLimits, SplitPaths, Train, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::unfragmented::Unfragmented;
+use crate::error::SendError;
 use crate::report::Stats;
 use crate::socket::Socket;
 use crate::sys;
@@ -77,6 +79,27 @@ pub(crate) fn send_train_copied<B: SendBuf>(
         }
         Ok(true)
     })
+}
+
+/// Before a lone send that is not a train: the socket's `UDP_SEGMENT` option back at 0
+/// ([`SegmentOption::plain`](crate::socket::SegmentOption::plain)), or `buf` back with the
+/// kernel's refusal.
+pub(crate) fn plain_send<B>(sock: &Socket, buf: B) -> Result<B, SendError<B>> {
+    match sock.segment.plain(sock.fd()) {
+        Ok(()) => Ok(buf),
+        Err(error) => Err(SendError::Io { buf, error }),
+    }
+}
+
+/// [`plain_send`] before a batch (never empty: the sender answers an empty one itself): a
+/// refusal fails the batch's first buffer, the rest staying in `bufs`.
+pub(crate) fn plain_batch<B>(sock: &Socket, bufs: &mut VecDeque<B>) -> Result<(), SendError<B>> {
+    if let Err(error) = sock.segment.plain(sock.fd()) {
+        if let Some(buf) = bufs.pop_front() {
+            return Err(SendError::Io { buf, error });
+        }
+    }
+    Ok(())
 }
 
 /// The path of `rec`, a train, refused GSO: it goes one datagram per call, and so do later

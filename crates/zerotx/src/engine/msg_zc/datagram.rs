@@ -25,8 +25,7 @@ use crate::engine::policy::train::{self as trains, TrainFailure};
 use crate::engine::record::Record;
 use crate::engine::sendmsg_core::{answered_by_core, send_copied, SendmsgCore, Wait};
 use crate::engine::sendmsg_runs::{send_run, RunMode, RunSent};
-use crate::engine::sendmsg_train::split_train;
-use crate::engine::sendmsg_train::BatchRuns;
+use crate::engine::sendmsg_train::{plain_batch, plain_send, split_train, BatchRuns};
 use crate::engine::{send_each, send_front, Engine};
 use crate::error::SendError;
 use crate::ledger::SlotId;
@@ -430,9 +429,7 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         dest: Option<SockAddr>,
         out: &mut Vec<Released<B>>,
     ) -> Result<(), SendError<B>> {
-        if let Err(error) = sock.segment.plain(sock.fd()) {
-            return Err(SendError::Io { buf, error });
-        }
+        let buf = plain_send(sock, buf)?;
         sys::fenced!(self.send_one(sock, buf, dest, out))
     }
 
@@ -442,11 +439,7 @@ impl<B: SendBuf> Engine<B> for MsgZcDatagram<B> {
         bufs: &mut VecDeque<B>,
         out: &mut Vec<Released<B>>,
     ) -> Result<usize, SendError<B>> {
-        if let Err(error) = sock.segment.plain(sock.fd()) {
-            return bufs
-                .pop_front()
-                .map_or(Ok(0), |buf| Err(SendError::Io { buf, error }));
-        }
+        plain_batch(sock, bufs)?;
         sys::fenced!(
             if self.core.settle.auto.is_none() && self.core.head.is_none() {
                 self.send_plain(sock, bufs, out)
