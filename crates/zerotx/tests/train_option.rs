@@ -6,7 +6,7 @@
 
 mod util;
 
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Duration;
 
@@ -67,6 +67,30 @@ fn lengths(rx: &UdpSocket) -> Vec<usize> {
 /// Trains of one size in a row: the option is set at the eighth (the library's streak), not
 /// before, so a train between other sends keeps its control message and costs no `setsockopt`.
 const STREAK: u32 = 8;
+
+/// Sends a streak of trains of 1000 B (to `dest` on an unconnected socket) and checks that the
+/// option now holds their size.
+fn set_by_streak(
+    tx: &mut Sender<Vec<u8>>,
+    probe: &UdpSocket,
+    dest: Option<SocketAddr>,
+    name: &str,
+) {
+    for t in 0..STREAK {
+        let buf = train(t, 1000, 2, 1000);
+        match dest {
+            Some(dest) => tx.send_train_to(buf, 1000, dest),
+            None => tx.send_train(buf, 1000),
+        }
+        .unwrap();
+    }
+    assert_eq!(segment_option(probe.as_fd()), 1000, "{name}: set");
+}
+
+/// What the receiver gets after [`set_by_streak`] and then `rest`.
+fn after_streak(rest: &[usize]) -> Vec<usize> {
+    [&[1000; 2 * STREAK as usize][..], rest].concat()
+}
 
 /// After trains, a lone send, a batch and trains of another size go as the caller asked: the
 /// datagram of 2500 B after trains of 1000 B arrives as one datagram, not cut into 1000-byte
@@ -167,34 +191,26 @@ fn a_batch_or_a_send_to_right_after_trains_arrives_whole() {
         for (name, cfg) in engines() {
             let rx = receiver("127.0.0.1:0");
             let (mut tx, probe) = sender_to(&rx, cfg.clone());
-            for t in 0..STREAK {
-                tx.send_train(train(t, 1000, 2, 1000), 1000).unwrap();
-            }
-            assert_eq!(segment_option(probe.as_fd()), 1000, "{name}: set");
+            set_by_streak(&mut tx, &probe, None, name);
             // Sizes that make no run, so each goes as a plain datagram.
             let mut batch = vec![vec![2u8; 1800], vec![3u8; 2500], vec![4u8; 2600]].into();
             tx.send_batch(&mut batch).unwrap();
             util::finish(tx);
-            let want = [&[1000; 2 * STREAK as usize][..], &[1800, 2500, 2600]].concat();
+            let want = after_streak(&[1800, 2500, 2600]);
             assert_eq!(lengths(&rx), want, "{name}: a batch after trains");
 
             let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
             let probe = sock.try_clone().unwrap();
             let dest = rx.local_addr().unwrap();
             let mut tx = Sender::with_config(sock, cfg).unwrap();
-            for t in 0..STREAK {
-                tx.send_train_to(train(t, 1000, 2, 1000), 1000, dest)
-                    .unwrap();
-            }
-            assert_eq!(
-                segment_option(probe.as_fd()),
-                1000,
-                "{name}: set, unconnected"
-            );
+            set_by_streak(&mut tx, &probe, Some(dest), name);
             tx.send_to(vec![5u8; 2500], dest).unwrap();
             util::finish(tx);
-            let want = [&[1000; 2 * STREAK as usize][..], &[2500]].concat();
-            assert_eq!(lengths(&rx), want, "{name}: a send_to after trains");
+            assert_eq!(
+                lengths(&rx),
+                after_streak(&[2500]),
+                "{name}: a send_to after trains"
+            );
         }
     })
     .unwrap();
@@ -209,14 +225,11 @@ fn a_dropped_sender_gives_the_option_back() {
         for (name, cfg) in engines() {
             let rx = receiver("127.0.0.1:0");
             let (mut tx, probe) = sender_to(&rx, cfg);
-            for t in 0..STREAK {
-                tx.send_train(train(t, 1000, 2, 1000), 1000).unwrap();
-            }
-            assert_eq!(segment_option(probe.as_fd()), 1000, "{name}: set");
+            set_by_streak(&mut tx, &probe, None, name);
             drop(tx);
             assert_eq!(segment_option(probe.as_fd()), 0, "{name}: after drop");
             probe.send(&[6u8; 2500]).unwrap();
-            let want = [&[1000; 2 * STREAK as usize][..], &[2500]].concat();
+            let want = after_streak(&[2500]);
             assert_eq!(lengths(&rx), want, "{name}: the kept descriptor's datagram");
         }
     })
